@@ -1,0 +1,289 @@
+// w4a8moe: the Mixture-of-Experts layer of an LLM on CPUs, with 4-bit integer weights and
+// dynamic 8-bit integer activations (W4A8).
+//
+// The flow: pack each expert tensor once (pack_w13 / pack_w2), then call forward() many times
+// with a Context that owns the threads and the scratch memory. reference_forward() computes the
+// same contract with plain code over the unpacked weights, for checking results.
+//
+// Every entry point validates its arguments and throws w4a8moe::Error with one sentence that
+// names the argument, what was expected and what came. is_supported_config() never throws.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace w4a8moe {
+
+// Version of the packed-weights format this build writes and reads.
+inline constexpr uint32_t kPackedFormatVersion = 1;
+
+// ---------------------------------------------------------------------------------------------
+// Errors and element types
+
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class DType : uint8_t { f32 = 0, bf16 = 1, f16 = 2, i8 = 3, u8 = 4, i32 = 5, i64 = 6 };
+
+const char* dtype_name(DType dtype) noexcept;
+size_t dtype_bytes(DType dtype) noexcept;
+
+// Activation kinds, with the integer codes of the original operator.
+enum class Activation : int {
+  swiglustep = 0,
+  swigluoai = 1,
+  silu = 2,
+  gelu = 3,       // exact erf form
+  gelu_tanh = 4,  // tanh approximation
+};
+
+const char* activation_name(Activation kind) noexcept;
+// "silu", "swigluoai", "swiglustep", "gelu", "gelu_tanh" -> kind; anything else throws Error.
+Activation parse_activation(std::string_view name);
+// 0..4 -> kind; anything else throws Error (never a silent fallback to SILU).
+Activation activation_from_code(int64_t code);
+
+// How the gate and up projections are stacked in w13 [E, 2I, H] as given to the packer.
+enum class GateUpLayout : uint8_t {
+  halves = 0,       // rows [0, I) gate, rows [I, 2I) up
+  interleaved = 1,  // row 2j gate j, row 2j+1 up j (gpt-oss); de-interleaved at pack time
+};
+
+// ---------------------------------------------------------------------------------------------
+// Tensor views (no ownership). Rank 1 to 3. The last dimension is contiguous; for rank-2 tensors
+// `row_stride` (in elements) may exceed shape[1]; 0 means contiguous.
+
+struct TensorView {
+  const void* data = nullptr;
+  DType dtype = DType::f32;
+  int rank = 0;
+  std::array<int64_t, 3> shape{};
+  int64_t row_stride = 0;
+
+  static TensorView of(const void* data, DType dtype, std::initializer_list<int64_t> shape,
+                       int64_t row_stride = 0);
+  bool empty() const noexcept { return data == nullptr; }
+  int64_t numel() const noexcept;
+  int64_t stride() const noexcept {  // elements between consecutive rows
+    return row_stride != 0 ? row_stride : (rank > 0 ? shape[rank - 1] : 0);
+  }
+};
+
+struct MutableTensorView {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  int rank = 0;
+  std::array<int64_t, 3> shape{};
+  int64_t row_stride = 0;
+
+  static MutableTensorView of(void* data, DType dtype, std::initializer_list<int64_t> shape,
+                              int64_t row_stride = 0);
+  int64_t stride() const noexcept {
+    return row_stride != 0 ? row_stride : (rank > 0 ? shape[rank - 1] : 0);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Packing
+
+// What the packer stores for the scales.
+enum class ScaleStorage : uint8_t {
+  as_given = 0,  // keep the caller's dtype (f32, bf16 or f16): lossless
+  bf16 = 1,      // round f32/f16 scales to bf16 (nearest even): halves scale bytes, lossy
+};
+
+enum class WeightRole : uint8_t { w13 = 0, w2 = 1 };
+
+struct PackOptions {
+  // -1 (one scale per output row), or a multiple of 32 dividing the input dimension.
+  int group_size = -1;
+  GateUpLayout gate_up_layout = GateUpLayout::halves;  // w13 only
+  ScaleStorage scale_storage = ScaleStorage::as_given;
+  // Kernel set whose layout to pack for; empty = the set forward() will pick on this CPU.
+  std::string kernel_set;
+};
+
+// What a packed buffer says about itself (decoded and checked header).
+struct PackedInfo {
+  uint32_t version = 0;
+  std::string layout;  // layout name, e.g. "qs4_b32_rowmajor"
+  WeightRole role = WeightRole::w13;
+  int64_t experts = 0;
+  int64_t rows = 0;  // output rows N (2I for w13, H for w2)
+  int64_t cols = 0;  // input columns K (H for w13, I for w2)
+  int group_size = -1;
+  DType scale_dtype = DType::f32;
+  bool has_bias = false;
+  size_t total_bytes = 0;
+};
+
+// A packed, self-describing, versioned weight buffer (64-byte aligned). Its bytes may be copied
+// anywhere (a file, a torch tensor) and handed back to forward() as a span.
+class PackedWeights {
+ public:
+  PackedWeights() = default;
+  // A zero-filled, 64-byte aligned buffer of `bytes` bytes (used by the packer and by loaders
+  // that read a packed buffer back from storage).
+  static PackedWeights allocate(size_t bytes);
+
+  std::span<const uint8_t> bytes() const noexcept { return {data_.get(), size_}; }
+  uint8_t* data() noexcept { return data_.get(); }
+  size_t size() const noexcept { return size_; }
+  PackedInfo info() const;  // inspect_packed(bytes())
+
+ private:
+  struct Free {
+    void operator()(uint8_t* p) const noexcept;
+  };
+  std::unique_ptr<uint8_t, Free> data_;
+  size_t size_ = 0;
+};
+
+// w13: int4 values as int8 [E, 2I, H] in [-8, 7], or nibble-packed uint8 [E, 2I, H/2] (byte j:
+// element 2j in the low nibble, 2j+1 in the high nibble, each stored as value + 8).
+// scale: [E, 2I, H/g] or [E, 2I] (channelwise), f32/bf16/f16. bias: empty or [E, 2I].
+PackedWeights pack_w13(const TensorView& w13, const TensorView& scale, const TensorView& bias,
+                       const PackOptions& options);
+// w2: [E, H, I] (or [E, H, I/2] nibble-packed); scale [E, H, I/g] or [E, H]; bias empty or [E, H].
+PackedWeights pack_w2(const TensorView& w2, const TensorView& scale, const TensorView& bias,
+                      const PackOptions& options);
+
+// Checks a packed buffer's header against its size and decodes it; throws Error on any mismatch.
+PackedInfo inspect_packed(std::span<const uint8_t> packed, std::string_view argument = "packed");
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+
+struct MoeParams {
+  Activation activation = Activation::silu;
+  float alpha = 1.702f;  // SWIGLUOAI only
+  float limit = 7.0f;    // SWIGLUOAI and SWIGLUSTEP
+  bool apply_router_weight_on_input = false;
+};
+
+// Owns the worker threads and the scratch memory of forward(). A steady-state call (same or
+// smaller sizes as before) makes no heap allocation. Not safe to use from two threads at once.
+class Context {
+ public:
+  explicit Context(int threads = 0);  // 0: the hardware's thread count
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+  int threads() const noexcept;
+  // Bytes of scratch memory currently held.
+  size_t scratch_bytes() const noexcept;
+
+  struct Impl;
+
+ private:
+  friend void forward(Context&, const TensorView&, const TensorView&, const TensorView&,
+                      std::span<const uint8_t>, std::span<const uint8_t>, const MoeParams&,
+                      const MutableTensorView&);
+  std::unique_ptr<Impl> impl_;
+};
+
+// x [T, H] f32/bf16/f16 (row stride may exceed H); topk_ids [T, K] int32/int64 in [0, E);
+// topk_weights [T, K] f32/bf16/f16; w13 and w2 packed buffers; out [T, H] of x's dtype.
+void forward(Context& context, const TensorView& x, const TensorView& topk_ids,
+             const TensorView& topk_weights, std::span<const uint8_t> w13_packed,
+             std::span<const uint8_t> w2_packed, const MoeParams& params,
+             const MutableTensorView& out);
+
+// ---------------------------------------------------------------------------------------------
+// Companions
+
+// The logical (unpacked) weights, as given to the packer.
+struct LogicalWeights {
+  TensorView w13, w13_scale, w13_bias;
+  TensorView w2, w2_scale, w2_bias;
+  int group_size = -1;
+  GateUpLayout gate_up_layout = GateUpLayout::halves;
+};
+
+// Plain code of the contract over the logical weights (accumulation in double). Slow; shares no
+// code with the packer or the kernels. out as for forward().
+void reference_forward(const TensorView& x, const TensorView& topk_ids,
+                       const TensorView& topk_weights, const LogicalWeights& weights,
+                       const MoeParams& params, const MutableTensorView& out);
+
+struct MoeConfig {
+  DType x_dtype = DType::f32;
+  int64_t hidden = 0;
+  int64_t inter = 0;
+  int64_t experts = 0;
+  int64_t top_k = 0;
+  int64_t group_size = -1;
+  int64_t activation = static_cast<int64_t>(Activation::silu);  // integer code
+};
+
+struct Support {
+  bool supported = false;
+  std::string reason;  // empty when supported
+};
+
+// Yes, or no with a sentence a user can act on. Never throws, never computes.
+Support is_supported_config(const MoeConfig& config) noexcept;
+
+struct OutputSpec {
+  std::array<int64_t, 2> shape{};
+  DType dtype = DType::f32;
+};
+
+// Output shape and dtype from shapes and dtypes alone (no data). Throws Error on mismatches.
+OutputSpec infer_output(std::span<const int64_t> x_shape, DType x_dtype,
+                        std::span<const int64_t> topk_ids_shape,
+                        std::span<const int64_t> topk_weights_shape);
+
+// Float weights -> int4 values and scales, for users who start from float checkpoints.
+enum class QuantRule : uint8_t {
+  absmax7 = 0,  // scale = max|w| / 7, values in [-7, 7]
+  q4_0 = 1,     // scale = m / -8 where m is the element of largest magnitude: uses -8 (GGUF Q4_0)
+};
+
+struct QuantizedWeights {
+  std::vector<int8_t> values;  // [E, N, K] in [-8, 7]
+  std::vector<float> scales;   // [E, N, K/g] or [E, N]
+  std::array<int64_t, 3> shape{};
+  int group_size = -1;
+};
+
+// w: [E, N, K] f32/bf16/f16. group_size -1 or a positive divisor of K.
+QuantizedWeights quantize_weights(const TensorView& w, int group_size,
+                                  QuantRule rule = QuantRule::absmax7);
+
+// ---------------------------------------------------------------------------------------------
+// CPU and kernel sets
+
+struct CpuFeatures {
+  std::string arch;  // "x86_64", "aarch64", or "other"
+  // x86 (usable: CPUID and OS state via XGETBV)
+  bool sse41 = false, avx = false, avx2 = false, fma = false, f16c = false;
+  bool avx512f = false, avx512bw = false, avx512vl = false, avx512vnni = false;
+  bool avx512bf16 = false, avxvnni = false;
+  // AArch64
+  bool neon = false, dotprod = false, i8mm = false, sve = false, bf16 = false;
+  std::string summary() const;
+};
+
+const CpuFeatures& cpu_features();
+
+// Kernel sets in this build usable on this CPU, best first, before any cap.
+std::vector<std::string> available_kernel_sets();
+// The set forward() and the packer use now: the best available at or below the cap.
+std::string active_kernel_set();
+// Caps the ISA ("scalar", ...); empty string removes the cap. The environment variable
+// W4A8MOE_ISA sets the initial cap. Throws Error on an unknown name.
+void set_isa_cap(std::string_view name);
+
+}  // namespace w4a8moe

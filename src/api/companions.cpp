@@ -1,0 +1,69 @@
+// The capability check and shape inference (SPEC section 7): no data, no computation.
+#include <string>
+
+#include "common/format.hpp"
+#include "pack/packed_format.hpp"
+#include "registry.hpp"
+#include "w4a8moe/w4a8moe.hpp"
+
+namespace w4a8moe {
+
+Support is_supported_config(const MoeConfig& c) noexcept {
+  try {
+    using detail::cat;
+    auto no = [](std::string reason) { return Support{false, std::move(reason)}; };
+    if (c.x_dtype != DType::f32 && c.x_dtype != DType::bf16 && c.x_dtype != DType::f16)
+      return no(cat("x dtype ", dtype_name(c.x_dtype),
+                    " is not supported; use f32, bf16 or f16 activations"));
+    if (c.hidden < 1 || c.inter < 1 || c.experts < 1 || c.top_k < 1)
+      return no(cat("hidden (", c.hidden, "), intermediate (", c.inter, "), experts (",
+                    c.experts, ") and top_k (", c.top_k, ") must all be positive"));
+    if (c.hidden > detail::kMaxCols || c.inter > detail::kMaxCols)
+      return no(cat("hidden (", c.hidden, ") and intermediate (", c.inter,
+                    ") sizes above ", detail::kMaxCols, " are not supported"));
+    if (c.experts > UINT32_MAX || 2 * c.inter > UINT32_MAX)
+      return no(cat("experts (", c.experts, ") and 2 x intermediate must fit in 32 bits"));
+    if (c.activation < 0 || c.activation > 4)
+      return no(cat("activation code ", c.activation,
+                    " is unknown; use 0 swiglustep, 1 swigluoai, 2 silu, 3 gelu or 4 gelu_tanh"));
+    if (c.group_size != -1) {
+      if (c.group_size <= 0 || c.group_size % 32 != 0)
+        return no(cat("group size ", c.group_size,
+                      " is not supported; use -1 (channelwise) or a multiple of 32"));
+      if (c.hidden % c.group_size != 0 || c.inter % c.group_size != 0)
+        return no(cat("group size ", c.group_size, " must divide both hidden (", c.hidden,
+                      ") and intermediate (", c.inter,
+                      ") sizes; use a divisor of both or -1 (channelwise)"));
+    }
+    (void)detail::active_set();  // a portable set always exists
+    return Support{true, {}};
+  } catch (const std::exception& e) {
+    return Support{false, e.what()};
+  } catch (...) {
+    return Support{false, "unexpected failure while checking the configuration"};
+  }
+}
+
+OutputSpec infer_output(std::span<const int64_t> x_shape, DType x_dtype,
+                        std::span<const int64_t> topk_ids_shape,
+                        std::span<const int64_t> topk_weights_shape) {
+  using detail::cat;
+  auto str = [](std::span<const int64_t> s) {
+    std::string r = "[";
+    for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+    return r + "]";
+  };
+  if (x_dtype != DType::f32 && x_dtype != DType::bf16 && x_dtype != DType::f16)
+    throw Error(cat("x: expected dtype f32, bf16 or f16, got ", dtype_name(x_dtype)));
+  if (x_shape.size() != 2 || x_shape[0] < 1 || x_shape[1] < 1)
+    throw Error(cat("x: expected shape [T, H] with positive sizes, got ", str(x_shape)));
+  if (topk_ids_shape.size() != 2 || topk_ids_shape[0] != x_shape[0] || topk_ids_shape[1] < 1)
+    throw Error(cat("topk_ids: expected shape [", x_shape[0], ", K], got ", str(topk_ids_shape)));
+  if (topk_weights_shape.size() != 2 || topk_weights_shape[0] != topk_ids_shape[0] ||
+      topk_weights_shape[1] != topk_ids_shape[1])
+    throw Error(cat("topk_weights: expected shape ", str(topk_ids_shape), ", got ",
+                    str(topk_weights_shape)));
+  return OutputSpec{{x_shape[0], x_shape[1]}, x_dtype};
+}
+
+}  // namespace w4a8moe

@@ -1,0 +1,407 @@
+// The forward driver: routing, scheduling and threads around the micro-kernels.
+//
+// Per chunk of tokens (chunks bound the scratch memory), four phases separated by barriers:
+//   0. quantize each token's activations once (once per (token, slot) when the router weight is
+//      applied on the input), and counting-sort the (token, slot) pairs by expert;
+//   1. tasks = (expert x slice of I): gate and up rows of the slice for all of the expert's pairs,
+//      in tiles of tile_m rows sharing each unpacked weight block, then the activation;
+//   2. requantize each pair's intermediate row (the whole row: it spans the slices of phase 1);
+//   3. tasks = slices of H: for every expert in ascending order and its pairs, the down rows of
+//      the slice, weighted and summed into the token's f32 accumulator, then converted to out.
+// Tasks are claimed dynamically. Every output element is summed in one fixed order (experts
+// ascending, then slots ascending), so the result is bit-identical for any thread count.
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <thread>
+
+#include "api/activation.hpp"
+#include "api/validate.hpp"
+#include "common/checked_math.hpp"
+#include "common/format.hpp"
+#include "common/numeric.hpp"
+#include "registry.hpp"
+#include "thread_pool.hpp"
+
+namespace w4a8moe {
+
+namespace detail {
+namespace {
+
+constexpr int64_t kSliceI = 64;         // rows of gate (and of up) per phase-1 task
+constexpr int64_t kSliceH = 64;         // rows of down per phase-3 task
+constexpr int64_t kQuantBatch = 8;      // rows per claim in the quantization phases
+constexpr size_t kChunkScratch = size_t{64} << 20;  // target scratch bytes per chunk
+
+size_t align64(size_t v) { return (v + 63) / 64 * 64; }
+
+struct AlignedFree {
+  void operator()(uint8_t* p) const noexcept { std::free(p); }
+};
+
+}  // namespace
+
+// Scratch of one chunk, carved from the context's arena.
+struct Scratch {
+  uint8_t* qx = nullptr;         // quantized activation rows, qx_stride bytes each
+  QuantRow* qx_rows = nullptr;
+  int32_t* order = nullptr;      // pair indices sorted by expert
+  int32_t* begin = nullptr;      // [E + 1] start of each expert in order
+  int32_t* active = nullptr;     // experts with pairs, ascending
+  float* m = nullptr;            // intermediate rows, m_stride floats each
+  uint8_t* qm = nullptr;         // requantized intermediate rows, qm_stride bytes each
+  QuantRow* qm_rows = nullptr;
+  float* acc = nullptr;          // [chunk tokens, H] f32 output accumulator
+  float* thread_buf = nullptr;   // per thread: tile_m x slice x 2 + H (f32 row conversion)
+  size_t qx_stride = 0, m_stride = 0, qm_stride = 0, thread_floats = 0;
+};
+
+}  // namespace detail
+
+struct Context::Impl {
+  explicit Impl(int threads) : pool(threads) {}
+  detail::ThreadPool pool;
+  std::unique_ptr<uint8_t, detail::AlignedFree> arena;
+  size_t arena_bytes = 0;
+
+  uint8_t* reserve(size_t bytes) {
+    if (bytes > arena_bytes) {
+      arena.reset();
+      auto* p = static_cast<uint8_t*>(std::aligned_alloc(64, detail::align64(bytes)));
+      if (p == nullptr) throw std::bad_alloc();
+      arena.reset(p);
+      arena_bytes = detail::align64(bytes);
+    }
+    return arena.get();
+  }
+};
+
+Context::Context(int threads) {
+  if (threads < 0)
+    throw Error(detail::cat("threads: expected 0 (all hardware threads) or a positive count, got ",
+                            threads));
+  if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  impl_ = std::make_unique<Impl>(threads);
+}
+
+Context::~Context() = default;
+
+int Context::threads() const noexcept { return impl_->pool.size(); }
+
+size_t Context::scratch_bytes() const noexcept { return impl_->arena_bytes; }
+
+namespace detail {
+namespace {
+
+struct Problem {
+  ForwardShape s;
+  const Geometry* w13;
+  const Geometry* w2;
+  const KernelSet* set;
+  const uint8_t* w13_base;  // first expert block
+  const uint8_t* w2_base;
+  const TensorView* x;
+  const TensorView* ids;
+  const TensorView* weights;
+  const MutableTensorView* out;
+  const MoeParams* params;
+  int64_t chunk_tokens;
+};
+
+struct Layout {
+  size_t qx, qx_rows, order, begin, active, m, qm, qm_rows, acc, thread_buf, total;
+  Scratch scratch;
+};
+
+Layout plan(const Problem& p, int64_t chunk, int threads) {
+  const bool on_input = p.params->apply_router_weight_on_input;
+  const size_t pairs = static_cast<size_t>(chunk * p.s.top_k);
+  const size_t x_rows = on_input ? pairs : static_cast<size_t>(chunk);
+  Layout l{};
+  Scratch& s = l.scratch;
+  s.qx_stride = align64(static_cast<size_t>(p.w13->cols_padded));
+  s.m_stride = align64(static_cast<size_t>(p.w2->cols_padded) * 4) / 4;
+  s.qm_stride = align64(static_cast<size_t>(p.w2->cols_padded));
+  const size_t slice = static_cast<size_t>(std::max(kSliceI, kSliceH));
+  s.thread_floats = align64(static_cast<size_t>(p.set->tile_m) * slice * 2 * 4 +
+                            static_cast<size_t>(p.s.hidden) * 4) / 4;
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    const size_t at = off;
+    off = checked_add(off, align64(bytes));
+    return at;
+  };
+  l.qx = take(checked_mul(x_rows, s.qx_stride));
+  l.qx_rows = take(x_rows * sizeof(QuantRow));
+  l.order = take(pairs * 4);
+  l.begin = take(static_cast<size_t>(p.s.experts + 1) * 4);
+  l.active = take(static_cast<size_t>(p.s.experts) * 4);
+  l.m = take(checked_mul(pairs, s.m_stride * 4));
+  l.qm = take(checked_mul(pairs, s.qm_stride));
+  l.qm_rows = take(pairs * sizeof(QuantRow));
+  l.acc = take(checked_mul(static_cast<size_t>(chunk), static_cast<size_t>(p.s.hidden) * 4));
+  l.thread_buf = take(static_cast<size_t>(threads) * s.thread_floats * 4);
+  l.total = off;
+  return l;
+}
+
+void bind(Layout& l, uint8_t* base) {
+  Scratch& s = l.scratch;
+  s.qx = base + l.qx;
+  s.qx_rows = reinterpret_cast<QuantRow*>(base + l.qx_rows);
+  s.order = reinterpret_cast<int32_t*>(base + l.order);
+  s.begin = reinterpret_cast<int32_t*>(base + l.begin);
+  s.active = reinterpret_cast<int32_t*>(base + l.active);
+  s.m = reinterpret_cast<float*>(base + l.m);
+  s.qm = base + l.qm;
+  s.qm_rows = reinterpret_cast<QuantRow*>(base + l.qm_rows);
+  s.acc = reinterpret_cast<float*>(base + l.acc);
+  s.thread_buf = reinterpret_cast<float*>(base + l.thread_buf);
+}
+
+// Runs on every thread of the pool.
+class Worker {
+ public:
+  Worker(const Problem& p, const Scratch& s, ThreadPool& pool, std::atomic<int64_t>* counters)
+      : p_(p), s_(s), pool_(pool), counters_(counters) {}
+
+  void operator()(int tid) {
+    int phase = 0;
+    for (int64_t t0 = 0; t0 < p_.s.tokens; t0 += p_.chunk_tokens) {
+      const int64_t tokens = std::min(p_.chunk_tokens, p_.s.tokens - t0);
+      quantize_inputs(tid, t0, tokens, counter(tid, phase++));
+      pool_.barrier();
+      gate_up(tid, tokens, counter(tid, phase++));
+      pool_.barrier();
+      requantize(tokens, counter(tid, phase++));
+      pool_.barrier();
+      down(tid, t0, tokens, counter(tid, phase++));
+      pool_.barrier();
+    }
+  }
+
+ private:
+  // Counters rotate over three slots: phase j uses slot j % 3; thread 0 clears the slot of phase
+  // j + 1 during phase j (its last use, phase j - 2, ended two barriers ago).
+  std::atomic<int64_t>& counter(int tid, int phase) {
+    if (tid == 0) counters_[(phase + 1) % 3].store(0, std::memory_order_relaxed);
+    return counters_[phase % 3];
+  }
+
+  float* thread_buf(int tid) const { return s_.thread_buf + static_cast<size_t>(tid) * s_.thread_floats; }
+
+  float router_weight(int64_t t0, int64_t pair) const {
+    return load_float(p_.weights->data, p_.weights->dtype, t0 * p_.s.top_k + pair);
+  }
+
+  void sort_pairs(int64_t t0, int64_t tokens) {
+    const int64_t E = p_.s.experts, K = p_.s.top_k, pairs = tokens * K;
+    std::fill(s_.begin, s_.begin + E + 1, 0);
+    for (int64_t i = 0; i < pairs; ++i)
+      ++s_.begin[load_index(p_.ids->data, p_.ids->dtype, t0 * K + i) + 1];
+    int32_t n_active = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      if (s_.begin[e + 1] > 0) s_.active[n_active++] = static_cast<int32_t>(e);
+      s_.begin[e + 1] += s_.begin[e];
+    }
+    active_count_ = n_active;
+    // Stable placement: pairs ascending within an expert. begin[e] serves as the cursor of
+    // expert e, ending at the start of e + 1; shifting by one restores the starts.
+    for (int64_t i = 0; i < pairs; ++i) {
+      const int64_t e = load_index(p_.ids->data, p_.ids->dtype, t0 * K + i);
+      s_.order[s_.begin[e]++] = static_cast<int32_t>(i);
+    }
+    for (int64_t e = E; e > 0; --e) s_.begin[e] = s_.begin[e - 1];
+    s_.begin[0] = 0;
+  }
+
+  void quantize_inputs(int tid, int64_t t0, int64_t tokens, std::atomic<int64_t>& next) {
+    if (tid == 0) sort_pairs(t0, tokens);
+    const bool on_input = p_.params->apply_router_weight_on_input;
+    const int64_t K = p_.s.top_k, H = p_.s.hidden;
+    const int64_t rows = on_input ? tokens * K : tokens;
+    float* row = thread_buf(tid);
+    const TensorView& x = *p_.x;
+    const int64_t x_stride = x.stride();
+    for (;;) {
+      const int64_t r0 = next.fetch_add(kQuantBatch, std::memory_order_relaxed);
+      if (r0 >= rows) break;
+      for (int64_t r = r0; r < std::min(rows, r0 + kQuantBatch); ++r) {
+        const int64_t t = on_input ? r / K : r;
+        const int64_t base = (t0 + t) * x_stride;
+        const float w = on_input ? router_weight(t0, r) : 1.0f;
+        if (x.dtype == DType::f32 && !on_input) {
+          std::memcpy(row, static_cast<const float*>(x.data) + base, static_cast<size_t>(H) * 4);
+        } else {
+          for (int64_t h = 0; h < H; ++h) row[h] = load_float(x.data, x.dtype, base + h) * w;
+        }
+        QuantizeArgs q;
+        q.src = row;
+        q.cols = H;
+        q.cols_padded = p_.w13->cols_padded;
+        q.dst = s_.qx + static_cast<size_t>(r) * s_.qx_stride;
+        q.row = &s_.qx_rows[r];
+        p_.set->quantize(q);
+      }
+    }
+  }
+
+  void gate_up(int tid, int64_t tokens, std::atomic<int64_t>& next) {
+    (void)tokens;
+    const bool on_input = p_.params->apply_router_weight_on_input;
+    const int64_t I = p_.s.inter, K = p_.s.top_k, tile = p_.set->tile_m;
+    const int64_t slices = (I + kSliceI - 1) / kSliceI;
+    const int64_t tasks = int64_t{active_count_} * slices;
+    float* cg = thread_buf(tid);
+    float* cu = cg + tile * kSliceI;
+    QuantRow a[kMaxTileM];
+    for (;;) {
+      const int64_t task = next.fetch_add(1, std::memory_order_relaxed);
+      if (task >= tasks) break;
+      const int32_t e = s_.active[task / slices];
+      const int64_t i0 = (task % slices) * kSliceI, i1 = std::min(I, i0 + kSliceI);
+      const uint8_t* expert = p_.w13_base + static_cast<size_t>(e) * p_.w13->expert_bytes;
+      for (int32_t j = s_.begin[e]; j < s_.begin[e + 1]; j += static_cast<int32_t>(tile)) {
+        const int64_t m = std::min<int64_t>(tile, s_.begin[e + 1] - j);
+        for (int64_t r = 0; r < m; ++r) {
+          const int32_t pair = s_.order[j + r];
+          a[r] = s_.qx_rows[on_input ? pair : pair / K];
+        }
+        GemmArgs g;
+        g.m = m;
+        g.a = a;
+        g.expert = expert;
+        g.geometry = p_.w13;
+        g.c_stride = kSliceI;
+        g.n_begin = i0;
+        g.n_end = i1;
+        g.c = cg;
+        p_.set->gemm(g);
+        g.n_begin = I + i0;
+        g.n_end = I + i1;
+        g.c = cu;
+        p_.set->gemm(g);
+        for (int64_t r = 0; r < m; ++r) {
+          float* dst = s_.m + static_cast<size_t>(s_.order[j + r]) * s_.m_stride + i0;
+          apply_activation(*p_.params, cg + r * kSliceI, cu + r * kSliceI, dst, i1 - i0);
+        }
+      }
+    }
+  }
+
+  void requantize(int64_t tokens, std::atomic<int64_t>& next) {
+    const int64_t pairs = tokens * p_.s.top_k;
+    for (;;) {
+      const int64_t r0 = next.fetch_add(kQuantBatch, std::memory_order_relaxed);
+      if (r0 >= pairs) break;
+      for (int64_t r = r0; r < std::min(pairs, r0 + kQuantBatch); ++r) {
+        QuantizeArgs q;
+        q.src = s_.m + static_cast<size_t>(r) * s_.m_stride;
+        q.cols = p_.s.inter;
+        q.cols_padded = p_.w2->cols_padded;
+        q.dst = s_.qm + static_cast<size_t>(r) * s_.qm_stride;
+        q.row = &s_.qm_rows[r];
+        p_.set->quantize(q);
+      }
+    }
+  }
+
+  void down(int tid, int64_t t0, int64_t tokens, std::atomic<int64_t>& next) {
+    const bool on_input = p_.params->apply_router_weight_on_input;
+    const int64_t H = p_.s.hidden, K = p_.s.top_k, tile = p_.set->tile_m;
+    const int64_t slices = (H + kSliceH - 1) / kSliceH;
+    float* c = thread_buf(tid);
+    QuantRow a[kMaxTileM];
+    const MutableTensorView& out = *p_.out;
+    const int64_t out_stride = out.stride();
+    for (;;) {
+      const int64_t task = next.fetch_add(1, std::memory_order_relaxed);
+      if (task >= slices) break;
+      const int64_t h0 = task * kSliceH, h1 = std::min(H, h0 + kSliceH), w = h1 - h0;
+      for (int64_t t = 0; t < tokens; ++t) std::fill_n(s_.acc + t * H + h0, w, 0.0f);
+      for (int32_t ai = 0; ai < active_count_; ++ai) {
+        const int32_t e = s_.active[ai];
+        const uint8_t* expert = p_.w2_base + static_cast<size_t>(e) * p_.w2->expert_bytes;
+        for (int32_t j = s_.begin[e]; j < s_.begin[e + 1]; j += static_cast<int32_t>(tile)) {
+          const int64_t m = std::min<int64_t>(tile, s_.begin[e + 1] - j);
+          for (int64_t r = 0; r < m; ++r) a[r] = s_.qm_rows[s_.order[j + r]];
+          GemmArgs g;
+          g.m = m;
+          g.a = a;
+          g.expert = expert;
+          g.geometry = p_.w2;
+          g.n_begin = h0;
+          g.n_end = h1;
+          g.c = c;
+          g.c_stride = kSliceH;
+          p_.set->gemm(g);
+          for (int64_t r = 0; r < m; ++r) {
+            const int32_t pair = s_.order[j + r];
+            const float rw = on_input ? 1.0f : router_weight(t0, pair);
+            float* acc = s_.acc + (pair / K) * H + h0;
+            const float* y = c + r * kSliceH;
+            for (int64_t h = 0; h < w; ++h) acc[h] += rw * y[h];
+          }
+        }
+      }
+      for (int64_t t = 0; t < tokens; ++t) {
+        const float* acc = s_.acc + t * H + h0;
+        const int64_t base = (t0 + t) * out_stride + h0;
+        if (out.dtype == DType::f32) {
+          std::memcpy(static_cast<float*>(out.data) + base, acc, static_cast<size_t>(w) * 4);
+        } else {
+          for (int64_t h = 0; h < w; ++h) store_float(out.data, out.dtype, base + h, acc[h]);
+        }
+      }
+    }
+  }
+
+  const Problem& p_;
+  const Scratch& s_;
+  ThreadPool& pool_;
+  std::atomic<int64_t>* counters_;
+  int32_t active_count_ = 0;  // written by thread 0 in phase 0, read after the barrier
+};
+
+}  // namespace
+}  // namespace detail
+
+void forward(Context& context, const TensorView& x, const TensorView& topk_ids,
+             const TensorView& topk_weights, std::span<const uint8_t> w13_packed,
+             std::span<const uint8_t> w2_packed, const MoeParams& params,
+             const MutableTensorView& out) {
+  using namespace detail;
+  const Geometry w13 = read_geometry(w13_packed, "w13_packed");
+  const Geometry w2 = read_geometry(w2_packed, "w2_packed");
+  Problem p{};
+  p.s = check_forward(x, topk_ids, topk_weights, w13, w2, params, out);
+  p.w13 = &w13;
+  p.w2 = &w2;
+  p.set = &set_for_layout(w13.layout, "w13_packed");
+  p.w13_base = w13_packed.data() + kHeaderBytes;
+  p.w2_base = w2_packed.data() + kHeaderBytes;
+  p.x = &x;
+  p.ids = &topk_ids;
+  p.weights = &topk_weights;
+  p.out = &out;
+  p.params = &params;
+
+  Context::Impl& impl = *context.impl_;
+  const int threads = impl.pool.size();
+  // Tokens per chunk: as many as fit the scratch target, at least 16, at most T.
+  const size_t per_token = plan(p, 1, 0).total;
+  p.chunk_tokens = std::clamp<int64_t>(static_cast<int64_t>(kChunkScratch / per_token), 16,
+                                       p.s.tokens);
+  Layout layout = plan(p, p.chunk_tokens, threads);
+  bind(layout, impl.reserve(layout.total));
+
+  std::atomic<int64_t> counters[3];
+  for (auto& c : counters) c.store(0);
+  // The worker's copy of the active-expert count must be shared: one Worker object for all.
+  Worker worker(p, layout.scratch, impl.pool, counters);
+  impl.pool.run(worker);
+}
+
+}  // namespace w4a8moe

@@ -1,0 +1,162 @@
+// The public reference forward: SPEC sections 3-6 written plainly over the logical (unpacked)
+// weights, with integer dot products and double accumulation. It shares no code with the packer
+// or the kernels (only the argument checks and the scalar f32/bf16/f16 conversions).
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "api/validate.hpp"
+#include "common/format.hpp"
+#include "common/numeric.hpp"
+
+namespace w4a8moe {
+
+namespace {
+
+using detail::load_float;
+
+struct Quantized {
+  std::vector<int32_t> q;
+  int32_t zp = 0;
+  float recip = 1.0f;
+  bool finite = true;
+};
+
+float half_even(float v) {
+  const float f = std::floor(v);
+  const float d = v - f;
+  if (d != 0.5f) return d < 0.5f ? f : f + 1.0f;
+  return std::fmod(f, 2.0f) == 0.0f ? f : f + 1.0f;
+}
+
+// SPEC section 5, in f32.
+Quantized quant_row(const std::vector<float>& a) {
+  Quantized r;
+  float mn = 0.0f, mx = 0.0f;
+  for (float v : a) {
+    if (!std::isfinite(v)) r.finite = false;
+    mn = std::min(mn, v);
+    mx = std::max(mx, v);
+  }
+  r.q.assign(a.size(), 0);
+  if (!r.finite) {
+    r.recip = NAN;
+    return r;
+  }
+  float s = (mx == mn) ? 1.0f : 255.0f / (mx - mn);
+  if (!(s <= 3.4028234e38f)) s = 1.0f;  // denormal-size range: quantize to zero, no NaN
+  r.recip = 1.0f / s;
+  const float zf0 = (-128.0f + mn * s) + (127.0f + mx * s) > 0.0f ? (-128.0f - mn * s)
+                                                                    : (127.0f - mx * s);
+  const float zf = std::min(127.0f, std::max(-128.0f, zf0));
+  r.zp = static_cast<int32_t>(half_even(zf));
+  for (size_t k = 0; k < a.size(); ++k) {
+    const float v = std::round(a[k] * s) + static_cast<float>(r.zp);
+    r.q[k] = static_cast<int32_t>(std::min(127.0f, std::max(-128.0f, v)));
+  }
+  return r;
+}
+
+struct Matrix {  // one role's logical weights
+  const TensorView* w;
+  const TensorView* scale;
+  const TensorView* bias;
+  detail::WeightInput in;
+  int group_size;
+
+  int value(int64_t e, int64_t n, int64_t k) const {
+    if (in.nibbles) {
+      const uint8_t byte =
+          static_cast<const uint8_t*>(w->data)[(e * in.rows + n) * (in.cols / 2) + k / 2];
+      return (k % 2 == 0 ? (byte & 0x0f) : (byte >> 4)) - 8;
+    }
+    return static_cast<const int8_t*>(w->data)[(e * in.rows + n) * in.cols + k];
+  }
+
+  // recip * SUM_b s[n,b] * SUM_{k in b} (q[k] - zp) * w[n,k] + bias[n]
+  double dq_dot(const Quantized& a, int64_t e, int64_t n) const {
+    const int64_t g = group_size < 0 ? in.cols : group_size;
+    double sum = 0.0;
+    for (int64_t b = 0; b < in.cols / g; ++b) {
+      int64_t dot = 0;
+      for (int64_t k = b * g; k < (b + 1) * g; ++k) dot += (a.q[k] - a.zp) * value(e, n, k);
+      const double s = load_float(scale->data, scale->dtype, (e * in.rows + n) * in.groups + b);
+      sum += s * static_cast<double>(dot);
+    }
+    double out = static_cast<double>(a.recip) * sum;
+    if (!bias->empty()) out += double{load_float(bias->data, bias->dtype, e * in.rows + n)};
+    return out;
+  }
+};
+
+double act(const MoeParams& p, double g, double u) {
+  const double L = p.limit;
+  auto sigmoid = [](double z) { return 1.0 / (1.0 + std::exp(-z)); };
+  switch (p.activation) {
+    case Activation::swiglustep:
+      return std::min(g * sigmoid(g), L) * std::clamp(u, -L, L);
+    case Activation::swigluoai: {
+      const double gc = std::min(g, L), uc = std::clamp(u, -L, L);
+      return (uc + 1.0) * gc * sigmoid(double{p.alpha} * gc);
+    }
+    case Activation::silu:
+      return g * sigmoid(g) * u;
+    case Activation::gelu:
+      return 0.5 * g * (1.0 + std::erf(g / std::sqrt(2.0))) * u;
+    case Activation::gelu_tanh:
+      return 0.5 * g * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g))) * u;
+  }
+  return 0.0;
+}
+
+}  // namespace
+
+void reference_forward(const TensorView& x, const TensorView& topk_ids,
+                       const TensorView& topk_weights, const LogicalWeights& lw,
+                       const MoeParams& params, const MutableTensorView& out) {
+  using detail::cat;
+  Matrix w13{&lw.w13, &lw.w13_scale, &lw.w13_bias, {}, lw.group_size};
+  Matrix w2{&lw.w2, &lw.w2_scale, &lw.w2_bias, {}, lw.group_size};
+  w13.in = detail::check_weight_input(lw.w13, lw.w13_scale, lw.w13_bias, lw.group_size, "w13",
+                                      "w13_scale", "w13_bias");
+  w2.in = detail::check_weight_input(lw.w2, lw.w2_scale, lw.w2_bias, lw.group_size, "w2",
+                                     "w2_scale", "w2_bias");
+  if (w13.in.rows % 2 != 0)
+    throw Error(cat("w13: expected an even number of rows (2I), got ", w13.in.rows));
+  const int64_t E = w13.in.experts, H = w13.in.cols, I = w13.in.rows / 2;
+  if (w2.in.experts != E || w2.in.rows != H || w2.in.cols != I)
+    throw Error(cat("w2: expected ", E, " experts of [", H, ", ", I, "] to match w13, got ",
+                    w2.in.experts, " experts of [", w2.in.rows, ", ", w2.in.cols, "]"));
+  const detail::ForwardShape s =
+      detail::check_forward_logical(x, topk_ids, topk_weights, E, H, I, params, out);
+  const bool interleaved = lw.gate_up_layout == GateUpLayout::interleaved;
+
+  std::vector<float> a(static_cast<size_t>(H)), m(static_cast<size_t>(I));
+  std::vector<double> acc(static_cast<size_t>(H));
+  for (int64_t t = 0; t < s.tokens; ++t) {
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int64_t k = 0; k < s.top_k; ++k) {
+      const int64_t e = detail::load_index(topk_ids.data, topk_ids.dtype, t * s.top_k + k);
+      const float r = load_float(topk_weights.data, topk_weights.dtype, t * s.top_k + k);
+      for (int64_t h = 0; h < H; ++h) {
+        const float v = load_float(x.data, x.dtype, t * x.stride() + h);
+        a[static_cast<size_t>(h)] = params.apply_router_weight_on_input ? v * r : v;
+      }
+      const Quantized qa = quant_row(a);
+      for (int64_t i = 0; i < I; ++i) {
+        const int64_t gate_row = interleaved ? 2 * i : i;
+        const int64_t up_row = interleaved ? 2 * i + 1 : I + i;
+        m[static_cast<size_t>(i)] = static_cast<float>(
+            act(params, w13.dq_dot(qa, e, gate_row), w13.dq_dot(qa, e, up_row)));
+      }
+      const Quantized qm = quant_row(m);
+      const double weight = params.apply_router_weight_on_input ? 1.0 : double{r};
+      for (int64_t h = 0; h < H; ++h) acc[static_cast<size_t>(h)] += weight * w2.dq_dot(qm, e, h);
+    }
+    for (int64_t h = 0; h < H; ++h)
+      detail::store_float(out.data, out.dtype, t * out.stride() + h,
+                          static_cast<float>(acc[static_cast<size_t>(h)]));
+  }
+}
+
+}  // namespace w4a8moe

@@ -1,0 +1,118 @@
+// CPU feature detection: CPUID + XGETBV on x86 (a feature counts only when the OS saves its
+// register state), getauxval on Linux/AArch64.
+#include <string>
+
+#include "w4a8moe/w4a8moe.hpp"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
+#elif defined(__aarch64__) && defined(__linux__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
+
+namespace w4a8moe {
+
+namespace {
+
+#if defined(__x86_64__) || defined(_M_X64)
+uint64_t xgetbv0() {
+  uint32_t eax, edx;
+  __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+  return (uint64_t{edx} << 32) | eax;
+}
+
+void detect_x86(CpuFeatures& f) {
+  f.arch = "x86_64";
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return;
+  f.sse41 = (c >> 19) & 1;
+  const bool osxsave = (c >> 27) & 1;
+  const bool cpu_avx = (c >> 28) & 1, cpu_fma = (c >> 12) & 1, cpu_f16c = (c >> 29) & 1;
+  const uint64_t xcr0 = osxsave ? xgetbv0() : 0;
+  const bool os_ymm = (xcr0 & 0x6) == 0x6;            // SSE and AVX state
+  const bool os_zmm = os_ymm && (xcr0 & 0xe0) == 0xe0;  // opmask, ZMM_Hi256, Hi16_ZMM
+  f.avx = cpu_avx && os_ymm;
+  f.fma = cpu_fma && f.avx;
+  f.f16c = cpu_f16c && f.avx;
+  unsigned max_leaf = __get_cpuid_max(0, nullptr);
+  if (max_leaf < 7) return;
+  __cpuid_count(7, 0, a, b, c, d);
+  f.avx2 = ((b >> 5) & 1) && f.avx;
+  f.avx512f = ((b >> 16) & 1) && os_zmm;
+  f.avx512bw = ((b >> 30) & 1) && f.avx512f;
+  f.avx512vl = ((b >> 31) & 1) && f.avx512f;
+  f.avx512vnni = ((c >> 11) & 1) && f.avx512f;
+  __cpuid_count(7, 1, a, b, c, d);
+  f.avxvnni = ((a >> 4) & 1) && f.avx2;
+  f.avx512bf16 = ((a >> 5) & 1) && f.avx512f;
+}
+#endif
+
+#if defined(__aarch64__)
+void detect_arm(CpuFeatures& f) {
+  f.arch = "aarch64";
+  f.neon = true;  // mandatory in AArch64
+#if defined(__linux__)
+  const unsigned long hw = getauxval(AT_HWCAP);
+  const unsigned long hw2 = getauxval(AT_HWCAP2);
+#ifdef HWCAP_ASIMDDP
+  f.dotprod = (hw & HWCAP_ASIMDDP) != 0;
+#endif
+#ifdef HWCAP_SVE
+  f.sve = (hw & HWCAP_SVE) != 0;
+#endif
+#ifdef HWCAP2_I8MM
+  f.i8mm = (hw2 & HWCAP2_I8MM) != 0;
+#endif
+#ifdef HWCAP2_BF16
+  f.bf16 = (hw2 & HWCAP2_BF16) != 0;
+#endif
+  (void)hw2;
+#endif
+}
+#endif
+
+CpuFeatures detect() {
+  CpuFeatures f;
+  f.arch = "other";
+#if defined(__x86_64__) || defined(_M_X64)
+  detect_x86(f);
+#elif defined(__aarch64__)
+  detect_arm(f);
+#endif
+  return f;
+}
+
+}  // namespace
+
+std::string CpuFeatures::summary() const {
+  std::string s = arch;
+  auto add = [&](bool on, const char* name) {
+    if (on) (s += ' ') += name;
+  };
+  add(sse41, "sse4.1");
+  add(avx, "avx");
+  add(avx2, "avx2");
+  add(fma, "fma");
+  add(f16c, "f16c");
+  add(avx512f, "avx512f");
+  add(avx512bw, "avx512bw");
+  add(avx512vl, "avx512vl");
+  add(avx512vnni, "avx512vnni");
+  add(avx512bf16, "avx512bf16");
+  add(avxvnni, "avxvnni");
+  add(neon, "neon");
+  add(dotprod, "dotprod");
+  add(i8mm, "i8mm");
+  add(sve, "sve");
+  add(bf16, "bf16");
+  return s;
+}
+
+const CpuFeatures& cpu_features() {
+  static const CpuFeatures features = detect();
+  return features;
+}
+
+}  // namespace w4a8moe

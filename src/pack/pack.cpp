@@ -1,0 +1,187 @@
+// Logical int4 expert weights -> the packed buffer of the layout that the chosen kernel set reads.
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "api/validate.hpp"
+#include "common/format.hpp"
+#include "common/numeric.hpp"
+#include "pack/packed_format.hpp"
+#include "registry.hpp"
+
+namespace w4a8moe {
+
+namespace detail {
+namespace {
+
+struct PackJob {
+  const TensorView* w;
+  const TensorView* scale;
+  const TensorView* bias;
+  WeightInput in;
+  Geometry g;
+  bool interleaved;
+  std::string_view w_name;
+};
+
+// Logical row n of expert e, read from the caller's tensor (after de-interleaving).
+void read_row(const PackJob& job, int64_t e, int64_t n, int8_t* dst) {
+  const int64_t half = job.in.rows / 2;
+  const int64_t src_row = !job.interleaved ? n : (n < half ? 2 * n : 2 * (n - half) + 1);
+  const int64_t cols = job.in.cols;
+  if (job.in.nibbles) {
+    const auto* src = static_cast<const uint8_t*>(job.w->data) + (e * job.in.rows + src_row) * (cols / 2);
+    for (int64_t j = 0; j < cols / 2; ++j) {
+      dst[2 * j] = static_cast<int8_t>((src[j] & 0x0f) - 8);
+      dst[2 * j + 1] = static_cast<int8_t>((src[j] >> 4) - 8);
+    }
+  } else {
+    const auto* src = static_cast<const int8_t*>(job.w->data) + (e * job.in.rows + src_row) * cols;
+    for (int64_t k = 0; k < cols; ++k) {
+      if (src[k] < -8 || src[k] > 7)
+        throw Error(cat(job.w_name, ": expected int4 values in [-8, 7], got ", int{src[k]},
+                        " at [", e, ", ", src_row, ", ", k, "]"));
+      dst[k] = src[k];
+    }
+  }
+  std::fill(dst + cols, dst + job.g.cols_padded, int8_t{0});
+}
+
+int64_t source_row(const PackJob& job, int64_t n) {
+  const int64_t half = job.in.rows / 2;
+  return !job.interleaved ? n : (n < half ? 2 * n : 2 * (n - half) + 1);
+}
+
+void pack_expert(const PackJob& job, int64_t e, uint8_t* block) {
+  const Geometry& g = job.g;
+  std::vector<int8_t> row(static_cast<size_t>(g.cols_padded));
+  uint8_t* weights = block + g.weights_offset;
+  uint8_t* scales = block + g.scales_offset;
+  uint8_t* correction = block + g.correction_offset;
+  uint8_t* bias = block + g.bias_offset;
+  const size_t sbytes = dtype_bytes(g.scale_dtype);
+  for (int64_t n = 0; n < g.rows; ++n) {
+    read_row(job, e, n, row.data());
+    // weights: block byte i = element i (low nibble) | element i + 16 (high nibble)
+    uint8_t* dst = weights + n * g.row_weight_bytes;
+    for (int64_t b = 0; b < g.cols_padded / kBlock; ++b) {
+      const int8_t* v = row.data() + b * kBlock;
+      for (int i = 0; i < 16; ++i)
+        dst[b * 16 + i] = static_cast<uint8_t>((v[i] & 0x0f) | ((v[i + 16] & 0x0f) << 4));
+    }
+    // scales, in the stored dtype; the correction uses the stored values
+    const int64_t src_row = source_row(job, n);
+    double zsum = 0.0;
+    int64_t wsum_row = 0;
+    for (int64_t b = 0; b < g.groups; ++b) {
+      const float given =
+          load_float(job.scale->data, job.scale->dtype, (e * job.in.rows + src_row) * g.groups + b);
+      void* sdst = scales + (n * g.groups + b) * static_cast<int64_t>(sbytes);
+      float stored = given;
+      if (g.scale_dtype == job.scale->dtype) {
+        std::memcpy(sdst, static_cast<const uint8_t*>(job.scale->data) +
+                              ((e * job.in.rows + src_row) * g.groups + b) * static_cast<int64_t>(sbytes),
+                    sbytes);
+      } else {  // ScaleStorage::bf16 rounding
+        const uint16_t h = f32_to_bf16(given);
+        std::memcpy(sdst, &h, 2);
+        stored = bf16_to_f32(h);
+      }
+      int64_t wsum = 0;
+      for (int64_t k = b * g.group_len; k < (b + 1) * g.group_len; ++k) wsum += row[static_cast<size_t>(k)];
+      wsum_row += wsum;
+      zsum += double{stored} * static_cast<double>(wsum);
+    }
+    if (g.channelwise()) {
+      const auto c = static_cast<int32_t>(wsum_row);
+      std::memcpy(correction + n * 4, &c, 4);
+    } else {
+      const auto c = static_cast<float>(zsum);
+      std::memcpy(correction + n * 4, &c, 4);
+    }
+    if (g.has_bias) {
+      const float b = load_float(job.bias->data, job.bias->dtype, e * job.in.rows + src_row);
+      std::memcpy(bias + n * 4, &b, 4);
+    }
+  }
+}
+
+PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale,
+                   const TensorView& bias, const PackOptions& options) {
+  const bool is_w13 = role == WeightRole::w13;
+  const std::string_view w_name = is_w13 ? "w13" : "w2";
+  PackJob job{&w, &scale, &bias, {}, {}, false, w_name};
+  job.in = check_weight_input(w, scale, bias, options.group_size, w_name,
+                              is_w13 ? "w13_scale" : "w2_scale", is_w13 ? "w13_bias" : "w2_bias");
+  if (options.gate_up_layout != GateUpLayout::halves &&
+      options.gate_up_layout != GateUpLayout::interleaved)
+    throw Error("gate_up_layout: expected halves or interleaved");
+  job.interleaved = is_w13 && options.gate_up_layout == GateUpLayout::interleaved;
+  if (is_w13 && job.in.rows % 2 != 0)
+    throw Error(cat("w13: expected an even number of rows (gate and up, 2I), got ", job.in.rows));
+  if (options.scale_storage != ScaleStorage::as_given && options.scale_storage != ScaleStorage::bf16)
+    throw Error("scale_storage: expected as_given or bf16");
+  const DType scale_dtype =
+      options.scale_storage == ScaleStorage::bf16 ? DType::bf16 : scale.dtype;
+  const KernelSet& set = options.kernel_set.empty()
+                             ? active_set()
+                             : set_by_name(options.kernel_set, "PackOptions::kernel_set");
+  job.g = make_geometry(set.layout, role, job.in.experts, job.in.rows, job.in.cols,
+                        options.group_size, scale_dtype, !bias.empty(), w_name);
+
+  PackedWeights out = PackedWeights::allocate(job.g.total_bytes);
+  PackedHeader h{};
+  std::memcpy(h.magic, kPackedMagic, sizeof h.magic);
+  h.version = kPackedFormatVersion;
+  h.header_bytes = kHeaderBytes;
+  h.layout = static_cast<uint32_t>(job.g.layout);
+  h.role = static_cast<uint32_t>(role);
+  h.experts = static_cast<uint32_t>(job.g.experts);
+  h.rows = static_cast<uint32_t>(job.g.rows);
+  h.cols = static_cast<uint32_t>(job.g.cols);
+  h.group_size = job.g.group_size;
+  h.scale_dtype = static_cast<uint32_t>(scale_dtype);
+  h.flags = job.g.has_bias ? kFlagBias : 0u;
+  h.expert_bytes = job.g.expert_bytes;
+  h.total_bytes = job.g.total_bytes;
+  h.checksum = header_checksum(h);
+  std::memcpy(out.data(), &h, sizeof h);
+
+  // Experts are independent: pack them on all hardware threads (a one-time cost).
+  const int64_t workers = std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, job.g.experts);
+  std::mutex error_mutex;
+  std::exception_ptr error;
+  auto work = [&](int64_t wid) {
+    try {
+      for (int64_t e = wid; e < job.g.experts; e += workers)
+        pack_expert(job, e, out.data() + kHeaderBytes + static_cast<size_t>(e) * job.g.expert_bytes);
+    } catch (...) {
+      std::lock_guard lock(error_mutex);
+      if (!error) error = std::current_exception();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int64_t t = 1; t < workers; ++t) threads.emplace_back(work, t);
+  work(0);
+  for (auto& t : threads) t.join();
+  if (error) std::rethrow_exception(error);
+  return out;
+}
+
+}  // namespace
+}  // namespace detail
+
+PackedWeights pack_w13(const TensorView& w13, const TensorView& scale, const TensorView& bias,
+                       const PackOptions& options) {
+  return detail::pack(WeightRole::w13, w13, scale, bias, options);
+}
+
+PackedWeights pack_w2(const TensorView& w2, const TensorView& scale, const TensorView& bias,
+                      const PackOptions& options) {
+  return detail::pack(WeightRole::w2, w2, scale, bias, options);
+}
+
+}  // namespace w4a8moe

@@ -1,0 +1,110 @@
+#include "pack/packed_format.hpp"
+
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "common/checked_math.hpp"
+#include "common/format.hpp"
+
+namespace w4a8moe::detail {
+
+const char* layout_name(LayoutId id) noexcept {
+  switch (id) {
+    case LayoutId::qs4_b32_rowmajor:
+      return "qs4_b32_rowmajor";
+  }
+  return "unknown";
+}
+
+bool layout_known(uint32_t id) noexcept {
+  return id == static_cast<uint32_t>(LayoutId::qs4_b32_rowmajor);
+}
+
+static size_t align_up(size_t v) { return checked_add(v, kAlign - 1) / kAlign * kAlign; }
+
+Geometry make_geometry(LayoutId layout, WeightRole role, int64_t experts, int64_t rows,
+                       int64_t cols, int group_size, DType scale_dtype, bool has_bias,
+                       std::string_view argument) {
+  const int64_t u32max = std::numeric_limits<uint32_t>::max();
+  if (experts < 1 || experts > u32max || rows < 1 || rows > u32max || cols < 1 || cols > u32max)
+    throw Error(cat(argument, ": expected experts, rows and columns in [1, 2^32), got ", experts, " x ", rows, " x ", cols));
+  if (cols > kMaxCols)
+    throw Error(cat(argument, ": expected at most ", kMaxCols, " input columns (int32 accumulators), got ", cols));
+  if (group_size != -1 && (group_size <= 0 || group_size % kBlock != 0 || cols % group_size != 0))
+    throw Error(cat(argument, ": expected group size -1 or a multiple of 32 that divides the input dimension ", cols, ", got ", group_size));
+  if (scale_dtype != DType::f32 && scale_dtype != DType::bf16 && scale_dtype != DType::f16)
+    throw Error(cat(argument, ": expected scale dtype f32, bf16 or f16, got ", dtype_name(scale_dtype)));
+  Geometry g;
+  g.layout = layout;
+  g.role = role;
+  g.experts = experts;
+  g.rows = rows;
+  g.cols = cols;
+  g.cols_padded = (cols + kBlock - 1) / kBlock * kBlock;
+  g.group_size = group_size;
+  g.group_len = group_size < 0 ? g.cols_padded : group_size;
+  g.groups = g.cols_padded / g.group_len;
+  g.scale_dtype = scale_dtype;
+  g.has_bias = has_bias;
+  g.row_weight_bytes = g.cols_padded / 2;
+
+  const size_t n = static_cast<size_t>(rows);
+  size_t off = 0;
+  g.weights_offset = off;
+  off = align_up(checked_add(off, checked_mul(n, static_cast<size_t>(g.row_weight_bytes))));
+  g.scales_offset = off;
+  off = align_up(checked_add(
+      off, checked_mul(checked_mul(n, static_cast<size_t>(g.groups)), dtype_bytes(scale_dtype))));
+  g.correction_offset = off;
+  off = align_up(checked_add(off, checked_mul(n, size_t{4})));
+  g.bias_offset = off;
+  if (has_bias) off = align_up(checked_add(off, checked_mul(n, size_t{4})));
+  g.expert_bytes = off;
+  g.total_bytes =
+      checked_add(kHeaderBytes, checked_mul(static_cast<size_t>(experts), g.expert_bytes));
+  return g;
+}
+
+uint64_t header_checksum(const PackedHeader& header) noexcept {
+  const auto* p = reinterpret_cast<const uint8_t*>(&header);
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < offsetof(PackedHeader, checksum); ++i) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+Geometry read_geometry(std::span<const uint8_t> packed, std::string_view argument) {
+  if (packed.data() == nullptr || packed.size() < kHeaderBytes)
+    throw Error(cat(argument, ": expected a packed weight buffer of at least ", kHeaderBytes, " bytes, got ", packed.size(), " bytes"));
+  PackedHeader h;
+  std::memcpy(&h, packed.data(), sizeof h);
+  if (std::memcmp(h.magic, kPackedMagic, sizeof kPackedMagic) != 0)
+    throw Error(cat(argument, ": not a w4a8moe packed buffer (bad magic bytes)"));
+  if (h.version != kPackedFormatVersion)
+    throw Error(cat(argument, ": expected packed format version ", kPackedFormatVersion, ", got version ", h.version, "; repack the weights with this build"));
+  if (h.checksum != header_checksum(h))
+    throw Error(cat(argument, ": the packed header is corrupted (checksum mismatch)"));
+  if (h.header_bytes != kHeaderBytes)
+    throw Error(cat(argument, ": expected a header of ", kHeaderBytes, " bytes, got ", h.header_bytes));
+  if (!layout_known(h.layout))
+    throw Error(cat(argument, ": unknown packed layout id ", h.layout, "; this build knows layout 1 (qs4_b32_rowmajor)"));
+  if (h.role > 1) throw Error(cat(argument, ": invalid weight role ", h.role, " in header"));
+  if (h.scale_dtype > static_cast<uint32_t>(DType::f16))
+    throw Error(cat(argument, ": invalid scale dtype code ", h.scale_dtype, " in header"));
+  if ((h.flags & ~kFlagBias) != 0)
+    throw Error(cat(argument, ": unknown header flags ", h.flags));
+  Geometry g = make_geometry(static_cast<LayoutId>(h.layout), static_cast<WeightRole>(h.role),
+                             h.experts, h.rows, h.cols, h.group_size,
+                             static_cast<DType>(h.scale_dtype), (h.flags & kFlagBias) != 0,
+                             argument);
+  if (g.expert_bytes != h.expert_bytes || g.total_bytes != h.total_bytes)
+    throw Error(cat(argument, ": the header's sizes do not match its dimensions"));
+  if (packed.size() != g.total_bytes)
+    throw Error(cat(argument, ": expected ", g.total_bytes, " bytes for ", g.experts, " experts of ", g.rows, " x ", g.cols, ", got ", packed.size(), " bytes (truncated or padded buffer)"));
+  return g;
+}
+
+}  // namespace w4a8moe::detail

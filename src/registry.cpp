@@ -1,0 +1,114 @@
+#include "registry.hpp"
+
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+#include "common/format.hpp"
+#include "kernels/ref/ref_kernels.hpp"
+
+namespace w4a8moe::detail {
+
+namespace {
+
+bool always(const CpuFeatures&) { return true; }
+
+// Best first. ISA-specific sets go above the portable one.
+constexpr KernelSet kTable[] = {
+    {"scalar", LayoutId::qs4_b32_rowmajor, ref::kTileM, always, ref::quantize_qa8,
+     ref::gemm_qa8_qs4b32},
+};
+
+constexpr size_t kNone = ~size_t{0};
+
+std::string known_names() {
+  std::string s;
+  for (const KernelSet& k : kTable) (s += s.empty() ? "" : ", ") += k.name;
+  return s;
+}
+
+size_t index_of(std::string_view name) {
+  for (size_t i = 0; i < std::size(kTable); ++i)
+    if (name == kTable[i].name) return i;
+  return kNone;
+}
+
+// Index of the best set the cap allows (0 = no cap).
+std::atomic<size_t> g_cap{kNone};
+std::once_flag g_env_once;
+
+size_t cap_index() {
+  std::call_once(g_env_once, [] {
+    const char* env = std::getenv("W4A8MOE_ISA");
+    if (env == nullptr || *env == '\0') {
+      size_t expected = kNone;
+      g_cap.compare_exchange_strong(expected, 0);
+      return;
+    }
+    const size_t i = index_of(env);
+    if (i == kNone)
+      throw Error(cat("W4A8MOE_ISA: expected one of ", known_names(), ", got '", env, "'"));
+    size_t expected = kNone;
+    g_cap.compare_exchange_strong(expected, i);
+  });
+  return g_cap.load();
+}
+
+}  // namespace
+
+std::span<const KernelSet> kernel_table() { return kTable; }
+
+const KernelSet& active_set() {
+  const CpuFeatures& f = cpu_features();
+  for (size_t i = cap_index(); i < std::size(kTable); ++i)
+    if (kTable[i].usable(f)) return kTable[i];
+  return kTable[std::size(kTable) - 1];  // the portable set is always usable
+}
+
+const KernelSet& set_for_layout(LayoutId layout, std::string_view argument) {
+  const CpuFeatures& f = cpu_features();
+  for (const KernelSet& k : kTable)
+    if (k.layout == layout && k.usable(f)) return k;
+  throw Error(cat(argument, ": the packed layout ", layout_name(layout),
+                  " has no kernel usable on this CPU (", f.summary(), "); repack the weights"));
+}
+
+const KernelSet& set_by_name(std::string_view name, std::string_view argument) {
+  const size_t i = index_of(name);
+  if (i == kNone)
+    throw Error(cat(argument, ": expected a kernel set among ", known_names(), ", got '", name,
+                    "'"));
+  if (!kTable[i].usable(cpu_features()))
+    throw Error(cat(argument, ": kernel set ", name, " is not usable on this CPU (",
+                    cpu_features().summary(), ")"));
+  return kTable[i];
+}
+
+}  // namespace w4a8moe::detail
+
+namespace w4a8moe {
+
+std::vector<std::string> available_kernel_sets() {
+  std::vector<std::string> out;
+  for (const detail::KernelSet& k : detail::kernel_table())
+    if (k.usable(cpu_features())) out.emplace_back(k.name);
+  return out;
+}
+
+std::string active_kernel_set() { return detail::active_set().name; }
+
+void set_isa_cap(std::string_view name) {
+  detail::cap_index();  // read the environment first so it cannot override this call later
+  if (name.empty()) {
+    detail::g_cap.store(0);
+    return;
+  }
+  const size_t i = detail::index_of(name);
+  if (i == detail::kNone)
+    throw Error(detail::cat("isa cap: expected one of ", detail::known_names(), ", got '", name,
+                            "'"));
+  detail::g_cap.store(i);
+}
+
+}  // namespace w4a8moe

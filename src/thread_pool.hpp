@@ -1,0 +1,52 @@
+// A small pool of persistent worker threads for the forward pass. run() executes a body on every
+// thread (the caller is thread 0); inside the body, barrier() separates phases. Threads sleep
+// on futex-backed waits (C++20 atomic wait / std::barrier) between calls.
+#pragma once
+
+#include <atomic>
+#include <barrier>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace w4a8moe::detail {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const noexcept { return size_; }
+
+  // Runs body(thread_index) on all threads and returns when all are done. The first exception
+  // thrown by any thread is rethrown here (bodies must still reach every barrier()).
+  template <class Body>
+  void run(Body& body) {
+    run_impl(&body, [](void* b, int t) { (*static_cast<Body*>(b))(t); });
+  }
+
+  // All threads of the current run() wait here for each other.
+  void barrier() { sync_.arrive_and_wait(); }
+
+ private:
+  using Trampoline = void (*)(void*, int);
+  void run_impl(void* body, Trampoline trampoline);
+  void worker(int index);
+  void call(int index) noexcept;
+
+  int size_;
+  std::barrier<> sync_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<bool> stop_{false};
+  void* body_ = nullptr;
+  Trampoline trampoline_ = nullptr;
+  std::mutex error_mutex_;
+  std::exception_ptr error_;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace w4a8moe::detail
