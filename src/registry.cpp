@@ -7,18 +7,44 @@
 
 #include "common/format.hpp"
 #include "kernels/ref/ref_kernels.hpp"
+#if defined(W4A8MOE_X86)
+#include "kernels/x86_avx512vnni/avx512vnni_kernels.hpp"
+#include "kernels/x86_ymm/ymm_kernels.hpp"
+#endif
 
 namespace w4a8moe::detail {
 
 namespace {
 
 bool always(const CpuFeatures&) { return true; }
+[[maybe_unused]] bool has_avx512vnni(const CpuFeatures& f) {
+  return f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni && f.fma && f.f16c;
+}
+[[maybe_unused]] bool has_avxvnni(const CpuFeatures& f) {
+  return f.avxvnni && f.avx2 && f.fma && f.f16c;
+}
+[[maybe_unused]] bool has_avx2(const CpuFeatures& f) { return f.avx2 && f.fma && f.f16c; }
 
 // Best first. ISA-specific sets go above the portable one.
 constexpr KernelSet kTable[] = {
-    {"scalar", LayoutId::qs4_b32_rowmajor, ref::kTileM, always, ref::quantize_qa8,
-     ref::gemm_qa8_qs4b32},
+#if defined(W4A8MOE_X86)
+    {"avx512vnni", LayoutId::qu4_p16k8, avx512vnni::kTileM, true, has_avx512vnni,
+     avx512vnni::quantize_qa8, avx512vnni::gemm_qa8_qu4p16, avx512vnni::activate},
+    {"avxvnni", LayoutId::qu4_p8k8, avxvnni::kTileM, true, has_avxvnni, avxvnni::quantize_qa8,
+     avxvnni::gemm_qa8_qu4p8, avxvnni::activate},
+    {"avx2", LayoutId::qu4_p8k8, avx2::kTileM, true, has_avx2, avx2::quantize_qa8,
+     avx2::gemm_qa8_qu4p8, avx2::activate},
+#endif
+    {"scalar", LayoutId::qs4_b32_rowmajor, ref::kTileM, false, always, ref::quantize_qa8,
+     ref::gemm_qa8_qs4b32, ref::activate},
 };
+
+consteval bool tiles_fit() {
+  for (const KernelSet& k : kTable)
+    if (k.tile_m < 1 || k.tile_m > kMaxTileM) return false;
+  return true;
+}
+static_assert(tiles_fit(), "a kernel set's tile_m exceeds kMaxTileM");
 
 constexpr size_t kNone = ~size_t{0};
 
@@ -68,17 +94,19 @@ const KernelSet& active_set() {
 
 const KernelSet& set_for_layout(LayoutId layout, std::string_view argument) {
   const CpuFeatures& f = cpu_features();
-  for (const KernelSet& k : kTable)
-    if (k.layout == layout && k.usable(f)) return k;
+  for (size_t i = cap_index(); i < std::size(kTable); ++i)
+    if (kTable[i].layout == layout && kTable[i].usable(f)) return kTable[i];
   throw Error(cat(argument, ": the packed layout ", layout_name(layout),
-                  " has no kernel usable on this CPU (", f.summary(), "); repack the weights"));
+                  " has no kernel set usable on this CPU (", f.summary(),
+                  ") within the ISA cap (active set: ", active_set().name,
+                  "); repack the weights for this machine"));
 }
 
 const KernelSet& set_by_name(std::string_view name, std::string_view argument) {
   const size_t i = index_of(name);
   if (i == kNone)
-    throw Error(cat(argument, ": expected a kernel set among ", known_names(), ", got '", name,
-                    "'"));
+    throw Error(
+        cat(argument, ": expected a kernel set among ", known_names(), ", got '", name, "'"));
   if (!kTable[i].usable(cpu_features()))
     throw Error(cat(argument, ": kernel set ", name, " is not usable on this CPU (",
                     cpu_features().summary(), ")"));
@@ -106,8 +134,8 @@ void set_isa_cap(std::string_view name) {
   }
   const size_t i = detail::index_of(name);
   if (i == detail::kNone)
-    throw Error(detail::cat("isa cap: expected one of ", detail::known_names(), ", got '", name,
-                            "'"));
+    throw Error(
+        detail::cat("isa cap: expected one of ", detail::known_names(), ", got '", name, "'"));
   detail::g_cap.store(i);
 }
 

@@ -14,10 +14,12 @@ namespace w4a8moe::detail {
 struct KernelSet {
   const char* name;  // also the ISA cap level: "scalar", later "avx2", "avx512vnni", ...
   LayoutId layout;
-  int64_t tile_m;    // activation rows per GEMM call
+  int64_t tile_m;    // activation rows per GEMM call (<= kMaxTileM)
+  bool group_terms;  // the quantizer writes QuantRow::group_terms after the row
   bool (*usable)(const CpuFeatures&);
   QuantizeFn quantize;
   GemmFn gemm;
+  ActivateFn activate;
 };
 
 // All sets compiled into this build, best first.

@@ -125,6 +125,7 @@ struct PackedInfo {
   int group_size = -1;
   DType scale_dtype = DType::f32;
   bool has_bias = false;
+  size_t expert_bytes = 0;  // bytes one expert occupies (weights, scales, sums, bias)
   size_t total_bytes = 0;
 };
 

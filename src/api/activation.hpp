@@ -9,7 +9,9 @@ namespace w4a8moe::detail {
 
 inline float sigmoid(float z) noexcept { return 1.0f / (1.0f + std::exp(-z)); }
 
-inline float clampf(float v, float lo, float hi) noexcept { return v < lo ? lo : (v > hi ? hi : v); }
+inline float clampf(float v, float lo, float hi) noexcept {
+  return v < lo ? lo : (v > hi ? hi : v);
+}
 
 // m[i] = act(gate[i], up[i]) for i < n.
 inline void apply_activation(const MoeParams& p, const float* gate, const float* up, float* m,

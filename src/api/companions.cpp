@@ -16,11 +16,11 @@ Support is_supported_config(const MoeConfig& c) noexcept {
       return no(cat("x dtype ", dtype_name(c.x_dtype),
                     " is not supported; use f32, bf16 or f16 activations"));
     if (c.hidden < 1 || c.inter < 1 || c.experts < 1 || c.top_k < 1)
-      return no(cat("hidden (", c.hidden, "), intermediate (", c.inter, "), experts (",
-                    c.experts, ") and top_k (", c.top_k, ") must all be positive"));
+      return no(cat("hidden (", c.hidden, "), intermediate (", c.inter, "), experts (", c.experts,
+                    ") and top_k (", c.top_k, ") must all be positive"));
     if (c.hidden > detail::kMaxCols || c.inter > detail::kMaxCols)
-      return no(cat("hidden (", c.hidden, ") and intermediate (", c.inter,
-                    ") sizes above ", detail::kMaxCols, " are not supported"));
+      return no(cat("hidden (", c.hidden, ") and intermediate (", c.inter, ") sizes above ",
+                    detail::kMaxCols, " are not supported"));
     if (c.experts > UINT32_MAX || 2 * c.inter > UINT32_MAX)
       return no(cat("experts (", c.experts, ") and 2 x intermediate must fit in 32 bits"));
     if (c.activation < 0 || c.activation > 4)

@@ -17,7 +17,6 @@
 #include <new>
 #include <thread>
 
-#include "api/activation.hpp"
 #include "api/validate.hpp"
 #include "common/checked_math.hpp"
 #include "common/format.hpp"
@@ -30,9 +29,10 @@ namespace w4a8moe {
 namespace detail {
 namespace {
 
-constexpr int64_t kSliceI = 64;         // rows of gate (and of up) per phase-1 task
-constexpr int64_t kSliceH = 64;         // rows of down per phase-3 task
-constexpr int64_t kQuantBatch = 8;      // rows per claim in the quantization phases
+// Slices are multiples of every layout's panel height (16 at most).
+constexpr int64_t kSliceI = 64;                     // rows of gate (and of up) per phase-1 task
+constexpr int64_t kSliceH = 64;                     // rows of down per phase-3 task
+constexpr int64_t kQuantBatch = 8;                  // rows per claim in the quantization phases
 constexpr size_t kChunkScratch = size_t{64} << 20;  // target scratch bytes per chunk
 
 size_t align64(size_t v) { return (v + 63) / 64 * 64; }
@@ -45,16 +45,16 @@ struct AlignedFree {
 
 // Scratch of one chunk, carved from the context's arena.
 struct Scratch {
-  uint8_t* qx = nullptr;         // quantized activation rows, qx_stride bytes each
+  uint8_t* qx = nullptr;  // quantized activation rows, qx_stride bytes each
   QuantRow* qx_rows = nullptr;
-  int32_t* order = nullptr;      // pair indices sorted by expert
-  int32_t* begin = nullptr;      // [E + 1] start of each expert in order
-  int32_t* active = nullptr;     // experts with pairs, ascending
-  float* m = nullptr;            // intermediate rows, m_stride floats each
-  uint8_t* qm = nullptr;         // requantized intermediate rows, qm_stride bytes each
+  int32_t* order = nullptr;   // pair indices sorted by expert
+  int32_t* begin = nullptr;   // [E + 1] start of each expert in order
+  int32_t* active = nullptr;  // experts with pairs, ascending
+  float* m = nullptr;         // intermediate rows, m_stride floats each
+  uint8_t* qm = nullptr;      // requantized intermediate rows, qm_stride bytes each
   QuantRow* qm_rows = nullptr;
-  float* acc = nullptr;          // [chunk tokens, H] f32 output accumulator
-  float* thread_buf = nullptr;   // per thread: tile_m x slice x 2 + H (f32 row conversion)
+  float* acc = nullptr;         // [chunk tokens, H] f32 output accumulator
+  float* thread_buf = nullptr;  // per thread: tile_m x slice x 2 + H (f32 row conversion)
   size_t qx_stride = 0, m_stride = 0, qm_stride = 0, thread_floats = 0;
 };
 
@@ -121,12 +121,18 @@ Layout plan(const Problem& p, int64_t chunk, int threads) {
   const size_t x_rows = on_input ? pairs : static_cast<size_t>(chunk);
   Layout l{};
   Scratch& s = l.scratch;
-  s.qx_stride = align64(static_cast<size_t>(p.w13->cols_padded));
+  // A quantized row: cols_padded bytes, then the group terms if the kernel set wants them.
+  auto qrow_bytes = [&](const Geometry& g) {
+    return align64(static_cast<size_t>(g.cols_padded) +
+                   (p.set->group_terms ? static_cast<size_t>(g.groups) * 4 : 0));
+  };
+  s.qx_stride = qrow_bytes(*p.w13);
   s.m_stride = align64(static_cast<size_t>(p.w2->cols_padded) * 4) / 4;
-  s.qm_stride = align64(static_cast<size_t>(p.w2->cols_padded));
+  s.qm_stride = qrow_bytes(*p.w2);
   const size_t slice = static_cast<size_t>(std::max(kSliceI, kSliceH));
   s.thread_floats = align64(static_cast<size_t>(p.set->tile_m) * slice * 2 * 4 +
-                            static_cast<size_t>(p.s.hidden) * 4) / 4;
+                            static_cast<size_t>(p.s.hidden) * 4) /
+                    4;
   size_t off = 0;
   auto take = [&](size_t bytes) {
     const size_t at = off;
@@ -190,7 +196,9 @@ class Worker {
     return counters_[phase % 3];
   }
 
-  float* thread_buf(int tid) const { return s_.thread_buf + static_cast<size_t>(tid) * s_.thread_floats; }
+  float* thread_buf(int tid) const {
+    return s_.thread_buf + static_cast<size_t>(tid) * s_.thread_floats;
+  }
 
   float router_weight(int64_t t0, int64_t pair) const {
     return load_float(p_.weights->data, p_.weights->dtype, t0 * p_.s.top_k + pair);
@@ -241,6 +249,7 @@ class Worker {
         q.src = row;
         q.cols = H;
         q.cols_padded = p_.w13->cols_padded;
+        q.group_len = p_.w13->group_len;
         q.dst = s_.qx + static_cast<size_t>(r) * s_.qx_stride;
         q.row = &s_.qx_rows[r];
         p_.set->quantize(q);
@@ -279,13 +288,13 @@ class Worker {
         g.n_end = i1;
         g.c = cg;
         p_.set->gemm(g);
-        g.n_begin = I + i0;
-        g.n_end = I + i1;
+        g.n_begin = p_.w13->part_rows_padded + i0;  // the up part
+        g.n_end = p_.w13->part_rows_padded + i1;
         g.c = cu;
         p_.set->gemm(g);
         for (int64_t r = 0; r < m; ++r) {
           float* dst = s_.m + static_cast<size_t>(s_.order[j + r]) * s_.m_stride + i0;
-          apply_activation(*p_.params, cg + r * kSliceI, cu + r * kSliceI, dst, i1 - i0);
+          p_.set->activate(*p_.params, cg + r * kSliceI, cu + r * kSliceI, dst, i1 - i0);
         }
       }
     }
@@ -301,6 +310,7 @@ class Worker {
         q.src = s_.m + static_cast<size_t>(r) * s_.m_stride;
         q.cols = p_.s.inter;
         q.cols_padded = p_.w2->cols_padded;
+        q.group_len = p_.w2->group_len;
         q.dst = s_.qm + static_cast<size_t>(r) * s_.qm_stride;
         q.row = &s_.qm_rows[r];
         p_.set->quantize(q);
@@ -392,8 +402,8 @@ void forward(Context& context, const TensorView& x, const TensorView& topk_ids,
   const int threads = impl.pool.size();
   // Tokens per chunk: as many as fit the scratch target, at least 16, at most T.
   const size_t per_token = plan(p, 1, 0).total;
-  p.chunk_tokens = std::clamp<int64_t>(static_cast<int64_t>(kChunkScratch / per_token), 16,
-                                       p.s.tokens);
+  p.chunk_tokens =
+      std::clamp<int64_t>(static_cast<int64_t>(kChunkScratch / per_token), 16, p.s.tokens);
   Layout layout = plan(p, p.chunk_tokens, threads);
   bind(layout, impl.reserve(layout.total));
 

@@ -46,8 +46,8 @@ Quantized quant_row(const std::vector<float>& a) {
   float s = (mx == mn) ? 1.0f : 255.0f / (mx - mn);
   if (!(s <= 3.4028234e38f)) s = 1.0f;  // denormal-size range: quantize to zero, no NaN
   r.recip = 1.0f / s;
-  const float zf0 = (-128.0f + mn * s) + (127.0f + mx * s) > 0.0f ? (-128.0f - mn * s)
-                                                                    : (127.0f - mx * s);
+  const float zf0 =
+      (-128.0f + mn * s) + (127.0f + mx * s) > 0.0f ? (-128.0f - mn * s) : (127.0f - mx * s);
   const float zf = std::min(127.0f, std::max(-128.0f, zf0));
   r.zp = static_cast<int32_t>(half_even(zf));
   for (size_t k = 0; k < a.size(); ++k) {
@@ -146,8 +146,8 @@ void reference_forward(const TensorView& x, const TensorView& topk_ids,
       for (int64_t i = 0; i < I; ++i) {
         const int64_t gate_row = interleaved ? 2 * i : i;
         const int64_t up_row = interleaved ? 2 * i + 1 : I + i;
-        m[static_cast<size_t>(i)] = static_cast<float>(
-            act(params, w13.dq_dot(qa, e, gate_row), w13.dq_dot(qa, e, up_row)));
+        m[static_cast<size_t>(i)] =
+            static_cast<float>(act(params, w13.dq_dot(qa, e, gate_row), w13.dq_dot(qa, e, up_row)));
       }
       const Quantized qm = quant_row(m);
       const double weight = params.apply_router_weight_on_input ? 1.0 : double{r};

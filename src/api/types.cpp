@@ -10,49 +10,73 @@ namespace w4a8moe {
 
 const char* dtype_name(DType dtype) noexcept {
   switch (dtype) {
-    case DType::f32: return "f32";
-    case DType::bf16: return "bf16";
-    case DType::f16: return "f16";
-    case DType::i8: return "i8";
-    case DType::u8: return "u8";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
+    case DType::f32:
+      return "f32";
+    case DType::bf16:
+      return "bf16";
+    case DType::f16:
+      return "f16";
+    case DType::i8:
+      return "i8";
+    case DType::u8:
+      return "u8";
+    case DType::i32:
+      return "i32";
+    case DType::i64:
+      return "i64";
   }
   return "unknown";
 }
 
 size_t dtype_bytes(DType dtype) noexcept {
   switch (dtype) {
-    case DType::f32: case DType::i32: return 4;
-    case DType::bf16: case DType::f16: return 2;
-    case DType::i8: case DType::u8: return 1;
-    case DType::i64: return 8;
+    case DType::f32:
+    case DType::i32:
+      return 4;
+    case DType::bf16:
+    case DType::f16:
+      return 2;
+    case DType::i8:
+    case DType::u8:
+      return 1;
+    case DType::i64:
+      return 8;
   }
   return 0;
 }
 
 const char* activation_name(Activation kind) noexcept {
   switch (kind) {
-    case Activation::swiglustep: return "swiglustep";
-    case Activation::swigluoai: return "swigluoai";
-    case Activation::silu: return "silu";
-    case Activation::gelu: return "gelu";
-    case Activation::gelu_tanh: return "gelu_tanh";
+    case Activation::swiglustep:
+      return "swiglustep";
+    case Activation::swigluoai:
+      return "swigluoai";
+    case Activation::silu:
+      return "silu";
+    case Activation::gelu:
+      return "gelu";
+    case Activation::gelu_tanh:
+      return "gelu_tanh";
   }
   return "unknown";
 }
 
 Activation parse_activation(std::string_view name) {
   for (int code = 0; code <= 4; ++code)
-    if (name == activation_name(static_cast<Activation>(code))) return static_cast<Activation>(code);
-  throw Error(detail::cat("activation: expected one of silu, swigluoai, swiglustep, gelu, "
-                          "gelu_tanh, got '", name, "'"));
+    if (name == activation_name(static_cast<Activation>(code)))
+      return static_cast<Activation>(code);
+  throw Error(
+      detail::cat("activation: expected one of silu, swigluoai, swiglustep, gelu, "
+                  "gelu_tanh, got '",
+                  name, "'"));
 }
 
 Activation activation_from_code(int64_t code) {
   if (code < 0 || code > 4)
-    throw Error(detail::cat("activation: expected a code in [0, 4] (0 swiglustep, 1 swigluoai, "
-                            "2 silu, 3 gelu, 4 gelu_tanh), got ", code));
+    throw Error(
+        detail::cat("activation: expected a code in [0, 4] (0 swiglustep, 1 swigluoai, "
+                    "2 silu, 3 gelu, 4 gelu_tanh), got ",
+                    code));
   return static_cast<Activation>(code);
 }
 
@@ -96,7 +120,8 @@ PackedWeights PackedWeights::allocate(size_t bytes) {
   PackedWeights w;
   const size_t rounded = (bytes + detail::kAlign - 1) / detail::kAlign * detail::kAlign;
   if (rounded < bytes) throw Error("PackedWeights: size overflow");
-  auto* p = static_cast<uint8_t*>(std::aligned_alloc(detail::kAlign, rounded == 0 ? detail::kAlign : rounded));
+  auto* p = static_cast<uint8_t*>(
+      std::aligned_alloc(detail::kAlign, rounded == 0 ? detail::kAlign : rounded));
   if (p == nullptr) throw std::bad_alloc();
   std::fill(p, p + rounded, uint8_t{0});
   w.data_.reset(p);
@@ -118,6 +143,7 @@ PackedInfo inspect_packed(std::span<const uint8_t> packed, std::string_view argu
   info.group_size = g.group_size;
   info.scale_dtype = g.scale_dtype;
   info.has_bias = g.has_bias;
+  info.expert_bytes = g.expert_bytes;
   info.total_bytes = g.total_bytes;
   return info;
 }

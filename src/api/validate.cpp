@@ -37,16 +37,15 @@ void require_shape(const TensorView& t, std::initializer_list<int64_t> want,
   int i = 0;
   for (int64_t d : want) w[static_cast<size_t>(i++)] = d;
   bool ok = t.rank == static_cast<int>(want.size());
-  for (int k = 0; ok && k < t.rank; ++k) ok = t.shape[static_cast<size_t>(k)] == w[static_cast<size_t>(k)];
-  if (!ok)
-    throw Error(cat(name, ": expected shape ", shape_string(i, w), ", got ", shape_of(t)));
+  for (int k = 0; ok && k < t.rank; ++k)
+    ok = t.shape[static_cast<size_t>(k)] == w[static_cast<size_t>(k)];
+  if (!ok) throw Error(cat(name, ": expected shape ", shape_string(i, w), ", got ", shape_of(t)));
 }
 
 void require_contiguous(const TensorView& t, std::string_view name) {
   if (t.row_stride != 0 && t.row_stride != t.shape[static_cast<size_t>(t.rank - 1)])
     throw Error(cat(name, ": expected a contiguous tensor (row stride ",
-                    t.shape[static_cast<size_t>(t.rank - 1)], "), got row stride ",
-                    t.row_stride));
+                    t.shape[static_cast<size_t>(t.rank - 1)], "), got row stride ", t.row_stride));
 }
 
 void require_positive_dims(const TensorView& t, std::string_view name) {
@@ -75,14 +74,14 @@ void check_activations(const TensorView& x, const TensorView& topk_ids,
   if (topk_ids.dtype != DType::i32 && topk_ids.dtype != DType::i64)
     throw Error(cat("topk_ids: expected dtype i32 or i64, got ", dtype_name(topk_ids.dtype)));
   if (topk_ids.rank != 2 || topk_ids.shape[0] != tokens || topk_ids.shape[1] < 1)
-    throw Error(cat("topk_ids: expected shape [", tokens, ", K] with K >= 1, got ",
-                    shape_of(topk_ids)));
+    throw Error(
+        cat("topk_ids: expected shape [", tokens, ", K] with K >= 1, got ", shape_of(topk_ids)));
   require_contiguous(topk_ids, "topk_ids");
   const int64_t top_k = topk_ids.shape[1];
   constexpr int64_t kMaxPairs = INT32_MAX;
   if (tokens > kMaxPairs || top_k > kMaxPairs || tokens * top_k > kMaxPairs)
-    throw Error(cat("topk_ids: expected at most ", kMaxPairs, " (token, slot) pairs, got ",
-                    tokens, " x ", top_k));
+    throw Error(cat("topk_ids: expected at most ", kMaxPairs, " (token, slot) pairs, got ", tokens,
+                    " x ", top_k));
 
   require_data(topk_weights.data, "topk_weights");
   require_float(topk_weights.dtype, "topk_weights");
@@ -113,14 +112,15 @@ void check_activations(const TensorView& x, const TensorView& topk_ids,
     throw Error("out: expected a buffer that does not overlap x, got overlapping memory");
   if (overlaps(range(topk_ids.data, tokens, top_k, top_k, topk_ids.dtype)) ||
       overlaps(range(topk_weights.data, tokens, top_k, top_k, topk_weights.dtype)))
-    throw Error("out: expected a buffer that does not overlap topk_ids or topk_weights, got "
-                "overlapping memory");
+    throw Error(
+        "out: expected a buffer that does not overlap topk_ids or topk_weights, got "
+        "overlapping memory");
 
   for (int64_t i = 0; i < tokens * top_k; ++i) {
     const int64_t e = load_index(topk_ids.data, topk_ids.dtype, i);
     if (e < 0 || e >= experts)
-      throw Error(cat("topk_ids: expected expert ids in [0, ", experts, "), got ", e,
-                      " at token ", i / top_k, ", slot ", i % top_k));
+      throw Error(cat("topk_ids: expected expert ids in [0, ", experts, "), got ", e, " at token ",
+                      i / top_k, ", slot ", i % top_k));
   }
   s.tokens = tokens;
   s.top_k = top_k;
@@ -128,9 +128,9 @@ void check_activations(const TensorView& x, const TensorView& topk_ids,
 
 }  // namespace
 
-WeightInput check_weight_input(const TensorView& w, const TensorView& scale,
-                               const TensorView& bias, int group_size, std::string_view w_name,
-                               std::string_view scale_name, std::string_view bias_name) {
+WeightInput check_weight_input(const TensorView& w, const TensorView& scale, const TensorView& bias,
+                               int group_size, std::string_view w_name, std::string_view scale_name,
+                               std::string_view bias_name) {
   WeightInput in;
   require_data(w.data, w_name);
   if (w.dtype != DType::i8 && w.dtype != DType::u8)
@@ -172,16 +172,13 @@ WeightInput check_weight_input(const TensorView& w, const TensorView& scale,
 void check_params(const MoeParams& p) {
   const auto code = static_cast<int>(p.activation);
   if (code < 0 || code > 4) activation_from_code(code);  // throws the standard message
-  if (!std::isfinite(p.alpha))
-    throw Error(cat("alpha: expected a finite value, got ", p.alpha));
-  if (!(p.limit > 0.0f))
-    throw Error(cat("limit: expected a positive value, got ", p.limit));
+  if (!std::isfinite(p.alpha)) throw Error(cat("alpha: expected a finite value, got ", p.alpha));
+  if (!(p.limit > 0.0f)) throw Error(cat("limit: expected a positive value, got ", p.limit));
 }
 
 ForwardShape check_forward(const TensorView& x, const TensorView& topk_ids,
-                           const TensorView& topk_weights, const Geometry& w13,
-                           const Geometry& w2, const MoeParams& params,
-                           const MutableTensorView& out) {
+                           const TensorView& topk_weights, const Geometry& w13, const Geometry& w2,
+                           const MoeParams& params, const MutableTensorView& out) {
   if (w13.role != WeightRole::w13)
     throw Error("w13_packed: expected weights packed as w13, got a buffer packed as w2");
   if (w2.role != WeightRole::w2)
@@ -208,8 +205,8 @@ ForwardShape check_forward(const TensorView& x, const TensorView& topk_ids,
 }
 
 ForwardShape check_forward_logical(const TensorView& x, const TensorView& topk_ids,
-                                   const TensorView& topk_weights, int64_t experts,
-                                   int64_t hidden, int64_t inter, const MoeParams& params,
+                                   const TensorView& topk_weights, int64_t experts, int64_t hidden,
+                                   int64_t inter, const MoeParams& params,
                                    const MutableTensorView& out) {
   ForwardShape s;
   s.experts = experts;

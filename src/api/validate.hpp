@@ -20,9 +20,9 @@ struct WeightInput {
 };
 
 // w [E, N, K] i8 or [E, N, K/2] u8, scale [E, N, K/g] or [E, N], bias empty or [E, N].
-WeightInput check_weight_input(const TensorView& w, const TensorView& scale,
-                               const TensorView& bias, int group_size, std::string_view w_name,
-                               std::string_view scale_name, std::string_view bias_name);
+WeightInput check_weight_input(const TensorView& w, const TensorView& scale, const TensorView& bias,
+                               int group_size, std::string_view w_name, std::string_view scale_name,
+                               std::string_view bias_name);
 
 void check_params(const MoeParams& params);
 
@@ -33,14 +33,13 @@ struct ForwardShape {
 // Checks x, ids, weights and out against each other and the packed geometries, every id in
 // range, the params. Throws Error on the first problem.
 ForwardShape check_forward(const TensorView& x, const TensorView& topk_ids,
-                           const TensorView& topk_weights, const Geometry& w13,
-                           const Geometry& w2, const MoeParams& params,
-                           const MutableTensorView& out);
+                           const TensorView& topk_weights, const Geometry& w13, const Geometry& w2,
+                           const MoeParams& params, const MutableTensorView& out);
 
 // The same checks against logical weights (reference_forward).
 ForwardShape check_forward_logical(const TensorView& x, const TensorView& topk_ids,
-                                   const TensorView& topk_weights, int64_t experts,
-                                   int64_t hidden, int64_t inter, const MoeParams& params,
+                                   const TensorView& topk_weights, int64_t experts, int64_t hidden,
+                                   int64_t inter, const MoeParams& params,
                                    const MutableTensorView& out);
 
 }  // namespace w4a8moe::detail

@@ -30,7 +30,7 @@ void detect_x86(CpuFeatures& f) {
   const bool osxsave = (c >> 27) & 1;
   const bool cpu_avx = (c >> 28) & 1, cpu_fma = (c >> 12) & 1, cpu_f16c = (c >> 29) & 1;
   const uint64_t xcr0 = osxsave ? xgetbv0() : 0;
-  const bool os_ymm = (xcr0 & 0x6) == 0x6;            // SSE and AVX state
+  const bool os_ymm = (xcr0 & 0x6) == 0x6;              // SSE and AVX state
   const bool os_zmm = os_ymm && (xcr0 & 0xe0) == 0xe0;  // opmask, ZMM_Hi256, Hi16_ZMM
   f.avx = cpu_avx && os_ymm;
   f.fma = cpu_fma && f.avx;

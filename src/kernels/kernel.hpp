@@ -21,14 +21,18 @@ struct QuantRow {
   const void* data = nullptr;
   float recip = 1.0f;
   int32_t zp = 0;
+  // Sets reading offset nibbles (w + 8): -8 * SUM_{k in b} q[k] per scale group b, so that a
+  // group's dot product of (w + 8) and q, started from this value, is SUM w * q. Else null.
+  const int32_t* group_terms = nullptr;
 };
 
 struct QuantizeArgs {
   const float* src = nullptr;  // `cols` f32 values
   int64_t cols = 0;
-  int64_t cols_padded = 0;     // multiple of kBlock; the tail is written as the zero point
-  void* dst = nullptr;         // cols_padded bytes
-  QuantRow* row = nullptr;     // receives recip and zp (and dst as data)
+  int64_t cols_padded = 0;  // multiple of kBlock; the tail is written as the zero point
+  int64_t group_len = 0;    // scale group length (cols_padded when channelwise)
+  void* dst = nullptr;      // cols_padded bytes, then (if the set wants them) the group terms
+  QuantRow* row = nullptr;  // receives recip, zp, data (= dst) and group_terms
 };
 
 inline constexpr int64_t kMaxTileM = 8;  // upper bound of every kernel set's tile_m
@@ -38,14 +42,20 @@ struct GemmArgs {
   const QuantRow* a = nullptr;      // m rows
   const uint8_t* expert = nullptr;  // start of the expert block in the packed buffer
   const Geometry* geometry = nullptr;
-  int64_t n_begin = 0, n_end = 0;   // output rows [n_begin, n_end) of this expert
-  float* c = nullptr;               // c[i * c_stride + (n - n_begin)] for row i of a
+  // Padded output rows [n_begin, n_end) of this expert; n_begin is a multiple of the panel.
+  int64_t n_begin = 0, n_end = 0;
+  // c[i * c_stride + (n - n_begin)] for row i of a. The kernel may write up to
+  // round_up(n_end - n_begin, panel) columns; those past n_end - n_begin are unspecified.
+  float* c = nullptr;
   int64_t c_stride = 0;
-  uint32_t flags = 0;               // zero (reserved)
+  uint32_t flags = 0;  // zero (reserved)
 };
 
 // c = recip * (SUM_b s[n,b] * SUM_{k in b} q[k] * w[n,k] - zp * correction[n]) + bias[n]
 using QuantizeFn = void (*)(const QuantizeArgs&);
 using GemmFn = void (*)(const GemmArgs&);
+// m[i] = act(gate[i], up[i]) for i < n (SPEC section 4), f32.
+using ActivateFn = void (*)(const MoeParams& params, const float* gate, const float* up, float* m,
+                            int64_t n);
 
 }  // namespace w4a8moe::detail

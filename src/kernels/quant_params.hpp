@@ -1,12 +1,14 @@
 // The per-row parameters of dynamic int8 activation quantization (the "qai8dx" scheme):
 // asymmetric, whole row, zero point nudged to an integer. Every quantizer kernel computes its
 // scale and zero point with this function so that all kernel sets agree bit for bit.
+// Internal linkage (anonymous namespace): included by translation units built for different ISAs.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
 namespace w4a8moe::detail {
+namespace {
 
 struct RowQuantParams {
   float scale;  // 255 / (max - min)
@@ -54,4 +56,5 @@ inline int32_t quantize_value(float a, float scale, int32_t zp) noexcept {
   return static_cast<int32_t>(v);
 }
 
+}  // namespace
 }  // namespace w4a8moe::detail

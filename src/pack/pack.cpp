@@ -27,13 +27,19 @@ struct PackJob {
   std::string_view w_name;
 };
 
-// Logical row n of expert e, read from the caller's tensor (after de-interleaving).
-void read_row(const PackJob& job, int64_t e, int64_t n, int8_t* dst) {
+int64_t source_row(const PackJob& job, int64_t n) {
   const int64_t half = job.in.rows / 2;
-  const int64_t src_row = !job.interleaved ? n : (n < half ? 2 * n : 2 * (n - half) + 1);
+  return !job.interleaved ? n : (n < half ? 2 * n : 2 * (n - half) + 1);
+}
+
+// Logical row n (halves order) of expert e, read from the caller's tensor as int4 values,
+// zero-padded to cols_padded.
+void read_row(const PackJob& job, int64_t e, int64_t n, int8_t* dst) {
+  const int64_t src_row = source_row(job, n);
   const int64_t cols = job.in.cols;
   if (job.in.nibbles) {
-    const auto* src = static_cast<const uint8_t*>(job.w->data) + (e * job.in.rows + src_row) * (cols / 2);
+    const auto* src =
+        static_cast<const uint8_t*>(job.w->data) + (e * job.in.rows + src_row) * (cols / 2);
     for (int64_t j = 0; j < cols / 2; ++j) {
       dst[2 * j] = static_cast<int8_t>((src[j] & 0x0f) - 8);
       dst[2 * j + 1] = static_cast<int8_t>((src[j] >> 4) - 8);
@@ -42,69 +48,88 @@ void read_row(const PackJob& job, int64_t e, int64_t n, int8_t* dst) {
     const auto* src = static_cast<const int8_t*>(job.w->data) + (e * job.in.rows + src_row) * cols;
     for (int64_t k = 0; k < cols; ++k) {
       if (src[k] < -8 || src[k] > 7)
-        throw Error(cat(job.w_name, ": expected int4 values in [-8, 7], got ", int{src[k]},
-                        " at [", e, ", ", src_row, ", ", k, "]"));
+        throw Error(cat(job.w_name, ": expected int4 values in [-8, 7], got ", int{src[k]}, " at [",
+                        e, ", ", src_row, ", ", k, "]"));
       dst[k] = src[k];
     }
   }
   std::fill(dst + cols, dst + job.g.cols_padded, int8_t{0});
 }
 
-int64_t source_row(const PackJob& job, int64_t n) {
-  const int64_t half = job.in.rows / 2;
-  return !job.interleaved ? n : (n < half ? 2 * n : 2 * (n - half) + 1);
+// Writes padded row pr's weights in the layout's format.
+void write_weights(const Geometry& g, const LayoutInfo& info, int64_t pr, const int8_t* v,
+                   uint8_t* weights) {
+  if (g.layout == LayoutId::qs4_b32_rowmajor) {
+    // block byte i = element i (low nibble) | element i + 16 (high nibble), two's complement
+    uint8_t* dst = weights + pr * g.row_weight_bytes;
+    for (int64_t b = 0; b < g.cols_padded / kBlock; ++b)
+      for (int i = 0; i < 16; ++i)
+        dst[b * 16 + i] = static_cast<uint8_t>((v[b * kBlock + i] & 0x0f) |
+                                               ((v[b * kBlock + i + 16] & 0x0f) << 4));
+    return;
+  }
+  // panel layouts: chunk of 8 columns = 4P bytes; row r owns bytes 4r..4r+3
+  const int64_t P = info.panel, q = pr / P, r = pr % P;
+  uint8_t* panel = weights + q * P * g.row_weight_bytes;
+  for (int64_t c = 0; c < g.cols_padded / 8; ++c)
+    for (int j = 0; j < 4; ++j)
+      panel[c * 4 * P + 4 * r + j] =
+          static_cast<uint8_t>((v[8 * c + j] + 8) | ((v[8 * c + 4 + j] + 8) << 4));
 }
 
 void pack_expert(const PackJob& job, int64_t e, uint8_t* block) {
   const Geometry& g = job.g;
+  const LayoutInfo& info = layout_info(static_cast<uint32_t>(g.layout), job.w_name);
   std::vector<int8_t> row(static_cast<size_t>(g.cols_padded));
   uint8_t* weights = block + g.weights_offset;
   uint8_t* scales = block + g.scales_offset;
   uint8_t* correction = block + g.correction_offset;
   uint8_t* bias = block + g.bias_offset;
   const size_t sbytes = dtype_bytes(g.scale_dtype);
-  for (int64_t n = 0; n < g.rows; ++n) {
-    read_row(job, e, n, row.data());
-    // weights: block byte i = element i (low nibble) | element i + 16 (high nibble)
-    uint8_t* dst = weights + n * g.row_weight_bytes;
-    for (int64_t b = 0; b < g.cols_padded / kBlock; ++b) {
-      const int8_t* v = row.data() + b * kBlock;
-      for (int i = 0; i < 16; ++i)
-        dst[b * 16 + i] = static_cast<uint8_t>((v[i] & 0x0f) | ((v[i + 16] & 0x0f) << 4));
+  const auto* given_scales = static_cast<const uint8_t*>(job.scale->data);
+  for (int64_t pr = 0; pr < g.rows_padded; ++pr) {
+    const int64_t part = pr / g.part_rows_padded, j = pr % g.part_rows_padded;
+    if (j >= g.part_rows) {  // padding row: weight 0, scale 0, correction 0, bias 0
+      std::fill(row.begin(), row.end(), int8_t{0});
+      write_weights(g, info, pr, row.data(), weights);
+      continue;  // the buffer is zero-filled: scales, correction and bias stay 0
     }
+    const int64_t n = part * g.part_rows + j;
+    read_row(job, e, n, row.data());
+    write_weights(g, info, pr, row.data(), weights);
     // scales, in the stored dtype; the correction uses the stored values
     const int64_t src_row = source_row(job, n);
+    const int64_t P = info.panel, q = pr / P, r = pr % P;
     double zsum = 0.0;
     int64_t wsum_row = 0;
     for (int64_t b = 0; b < g.groups; ++b) {
-      const float given =
-          load_float(job.scale->data, job.scale->dtype, (e * job.in.rows + src_row) * g.groups + b);
-      void* sdst = scales + (n * g.groups + b) * static_cast<int64_t>(sbytes);
+      const int64_t src_index = (e * job.in.rows + src_row) * g.groups + b;
+      const float given = load_float(job.scale->data, job.scale->dtype, src_index);
+      uint8_t* sdst = scales + ((q * g.groups + b) * P + r) * static_cast<int64_t>(sbytes);
       float stored = given;
       if (g.scale_dtype == job.scale->dtype) {
-        std::memcpy(sdst, static_cast<const uint8_t*>(job.scale->data) +
-                              ((e * job.in.rows + src_row) * g.groups + b) * static_cast<int64_t>(sbytes),
-                    sbytes);
+        std::memcpy(sdst, given_scales + src_index * static_cast<int64_t>(sbytes), sbytes);
       } else {  // ScaleStorage::bf16 rounding
         const uint16_t h = f32_to_bf16(given);
         std::memcpy(sdst, &h, 2);
         stored = bf16_to_f32(h);
       }
       int64_t wsum = 0;
-      for (int64_t k = b * g.group_len; k < (b + 1) * g.group_len; ++k) wsum += row[static_cast<size_t>(k)];
+      for (int64_t k = b * g.group_len; k < (b + 1) * g.group_len; ++k)
+        wsum += row[static_cast<size_t>(k)];
       wsum_row += wsum;
       zsum += double{stored} * static_cast<double>(wsum);
     }
     if (g.channelwise()) {
       const auto c = static_cast<int32_t>(wsum_row);
-      std::memcpy(correction + n * 4, &c, 4);
+      std::memcpy(correction + pr * 4, &c, 4);
     } else {
       const auto c = static_cast<float>(zsum);
-      std::memcpy(correction + n * 4, &c, 4);
+      std::memcpy(correction + pr * 4, &c, 4);
     }
     if (g.has_bias) {
       const float b = load_float(job.bias->data, job.bias->dtype, e * job.in.rows + src_row);
-      std::memcpy(bias + n * 4, &b, 4);
+      std::memcpy(bias + pr * 4, &b, 4);
     }
   }
 }
@@ -122,10 +147,10 @@ PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale
   job.interleaved = is_w13 && options.gate_up_layout == GateUpLayout::interleaved;
   if (is_w13 && job.in.rows % 2 != 0)
     throw Error(cat("w13: expected an even number of rows (gate and up, 2I), got ", job.in.rows));
-  if (options.scale_storage != ScaleStorage::as_given && options.scale_storage != ScaleStorage::bf16)
+  if (options.scale_storage != ScaleStorage::as_given &&
+      options.scale_storage != ScaleStorage::bf16)
     throw Error("scale_storage: expected as_given or bf16");
-  const DType scale_dtype =
-      options.scale_storage == ScaleStorage::bf16 ? DType::bf16 : scale.dtype;
+  const DType scale_dtype = options.scale_storage == ScaleStorage::bf16 ? DType::bf16 : scale.dtype;
   const KernelSet& set = options.kernel_set.empty()
                              ? active_set()
                              : set_by_name(options.kernel_set, "PackOptions::kernel_set");
@@ -151,13 +176,15 @@ PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale
   std::memcpy(out.data(), &h, sizeof h);
 
   // Experts are independent: pack them on all hardware threads (a one-time cost).
-  const int64_t workers = std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, job.g.experts);
+  const int64_t workers =
+      std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, job.g.experts);
   std::mutex error_mutex;
   std::exception_ptr error;
   auto work = [&](int64_t wid) {
     try {
       for (int64_t e = wid; e < job.g.experts; e += workers)
-        pack_expert(job, e, out.data() + kHeaderBytes + static_cast<size_t>(e) * job.g.expert_bytes);
+        pack_expert(job, e,
+                    out.data() + kHeaderBytes + static_cast<size_t>(e) * job.g.expert_bytes);
     } catch (...) {
       std::lock_guard lock(error_mutex);
       if (!error) error = std::current_exception();

@@ -9,16 +9,29 @@
 
 namespace w4a8moe::detail {
 
-const char* layout_name(LayoutId id) noexcept {
-  switch (id) {
-    case LayoutId::qs4_b32_rowmajor:
-      return "qs4_b32_rowmajor";
-  }
-  return "unknown";
+namespace {
+
+constexpr LayoutInfo kLayouts[] = {
+    {LayoutId::qs4_b32_rowmajor, "qs4_b32_rowmajor", 1, false},
+    {LayoutId::qu4_p16k8, "qu4_p16k8", 16, true},
+    {LayoutId::qu4_p8k8, "qu4_p8k8", 8, true},
+};
+
+}  // namespace
+
+const LayoutInfo& layout_info(uint32_t id, std::string_view argument) {
+  for (const LayoutInfo& l : kLayouts)
+    if (static_cast<uint32_t>(l.id) == id) return l;
+  std::string known;
+  for (const LayoutInfo& l : kLayouts)
+    known += cat(known.empty() ? "" : ", ", static_cast<uint32_t>(l.id), " (", l.name, ")");
+  throw Error(cat(argument, ": unknown packed layout id ", id, "; this build knows ", known));
 }
 
-bool layout_known(uint32_t id) noexcept {
-  return id == static_cast<uint32_t>(LayoutId::qs4_b32_rowmajor);
+const char* layout_name(LayoutId id) noexcept {
+  for (const LayoutInfo& l : kLayouts)
+    if (l.id == id) return l.name;
+  return "unknown";
 }
 
 static size_t align_up(size_t v) { return checked_add(v, kAlign - 1) / kAlign * kAlign; }
@@ -28,19 +41,32 @@ Geometry make_geometry(LayoutId layout, WeightRole role, int64_t experts, int64_
                        std::string_view argument) {
   const int64_t u32max = std::numeric_limits<uint32_t>::max();
   if (experts < 1 || experts > u32max || rows < 1 || rows > u32max || cols < 1 || cols > u32max)
-    throw Error(cat(argument, ": expected experts, rows and columns in [1, 2^32), got ", experts, " x ", rows, " x ", cols));
+    throw Error(cat(argument, ": expected experts, rows and columns in [1, 2^32), got ", experts,
+                    " x ", rows, " x ", cols));
   if (cols > kMaxCols)
-    throw Error(cat(argument, ": expected at most ", kMaxCols, " input columns (int32 accumulators), got ", cols));
+    throw Error(cat(argument, ": expected at most ", kMaxCols,
+                    " input columns (int32 accumulators), got ", cols));
   if (group_size != -1 && (group_size <= 0 || group_size % kBlock != 0 || cols % group_size != 0))
-    throw Error(cat(argument, ": expected group size -1 or a multiple of 32 that divides the input dimension ", cols, ", got ", group_size));
+    throw Error(cat(
+        argument, ": expected group size -1 or a multiple of 32 that divides the input dimension ",
+        cols, ", got ", group_size));
   if (scale_dtype != DType::f32 && scale_dtype != DType::bf16 && scale_dtype != DType::f16)
-    throw Error(cat(argument, ": expected scale dtype f32, bf16 or f16, got ", dtype_name(scale_dtype)));
+    throw Error(
+        cat(argument, ": expected scale dtype f32, bf16 or f16, got ", dtype_name(scale_dtype)));
+  if (role == WeightRole::w13 && rows % 2 != 0)
+    throw Error(cat(argument, ": expected an even number of rows (gate and up, 2I), got ", rows));
+  const LayoutInfo& info = layout_info(static_cast<uint32_t>(layout), argument);
   Geometry g;
   g.layout = layout;
   g.role = role;
   g.experts = experts;
   g.rows = rows;
   g.cols = cols;
+  g.panel = info.panel;
+  g.parts = role == WeightRole::w13 ? 2 : 1;
+  g.part_rows = rows / g.parts;
+  g.part_rows_padded = (g.part_rows + g.panel - 1) / g.panel * g.panel;
+  g.rows_padded = g.parts * g.part_rows_padded;
   g.cols_padded = (cols + kBlock - 1) / kBlock * kBlock;
   g.group_size = group_size;
   g.group_len = group_size < 0 ? g.cols_padded : group_size;
@@ -49,7 +75,7 @@ Geometry make_geometry(LayoutId layout, WeightRole role, int64_t experts, int64_
   g.has_bias = has_bias;
   g.row_weight_bytes = g.cols_padded / 2;
 
-  const size_t n = static_cast<size_t>(rows);
+  const size_t n = static_cast<size_t>(g.rows_padded);
   size_t off = 0;
   g.weights_offset = off;
   off = align_up(checked_add(off, checked_mul(n, static_cast<size_t>(g.row_weight_bytes))));
@@ -78,32 +104,34 @@ uint64_t header_checksum(const PackedHeader& header) noexcept {
 
 Geometry read_geometry(std::span<const uint8_t> packed, std::string_view argument) {
   if (packed.data() == nullptr || packed.size() < kHeaderBytes)
-    throw Error(cat(argument, ": expected a packed weight buffer of at least ", kHeaderBytes, " bytes, got ", packed.size(), " bytes"));
+    throw Error(cat(argument, ": expected a packed weight buffer of at least ", kHeaderBytes,
+                    " bytes, got ", packed.size(), " bytes"));
   PackedHeader h;
   std::memcpy(&h, packed.data(), sizeof h);
   if (std::memcmp(h.magic, kPackedMagic, sizeof kPackedMagic) != 0)
     throw Error(cat(argument, ": not a w4a8moe packed buffer (bad magic bytes)"));
   if (h.version != kPackedFormatVersion)
-    throw Error(cat(argument, ": expected packed format version ", kPackedFormatVersion, ", got version ", h.version, "; repack the weights with this build"));
+    throw Error(cat(argument, ": expected packed format version ", kPackedFormatVersion,
+                    ", got version ", h.version, "; repack the weights with this build"));
   if (h.checksum != header_checksum(h))
     throw Error(cat(argument, ": the packed header is corrupted (checksum mismatch)"));
   if (h.header_bytes != kHeaderBytes)
-    throw Error(cat(argument, ": expected a header of ", kHeaderBytes, " bytes, got ", h.header_bytes));
-  if (!layout_known(h.layout))
-    throw Error(cat(argument, ": unknown packed layout id ", h.layout, "; this build knows layout 1 (qs4_b32_rowmajor)"));
+    throw Error(
+        cat(argument, ": expected a header of ", kHeaderBytes, " bytes, got ", h.header_bytes));
+  layout_info(h.layout, argument);  // throws on an unknown layout
   if (h.role > 1) throw Error(cat(argument, ": invalid weight role ", h.role, " in header"));
   if (h.scale_dtype > static_cast<uint32_t>(DType::f16))
     throw Error(cat(argument, ": invalid scale dtype code ", h.scale_dtype, " in header"));
-  if ((h.flags & ~kFlagBias) != 0)
-    throw Error(cat(argument, ": unknown header flags ", h.flags));
-  Geometry g = make_geometry(static_cast<LayoutId>(h.layout), static_cast<WeightRole>(h.role),
-                             h.experts, h.rows, h.cols, h.group_size,
-                             static_cast<DType>(h.scale_dtype), (h.flags & kFlagBias) != 0,
-                             argument);
+  if ((h.flags & ~kFlagBias) != 0) throw Error(cat(argument, ": unknown header flags ", h.flags));
+  Geometry g = make_geometry(
+      static_cast<LayoutId>(h.layout), static_cast<WeightRole>(h.role), h.experts, h.rows, h.cols,
+      h.group_size, static_cast<DType>(h.scale_dtype), (h.flags & kFlagBias) != 0, argument);
   if (g.expert_bytes != h.expert_bytes || g.total_bytes != h.total_bytes)
     throw Error(cat(argument, ": the header's sizes do not match its dimensions"));
   if (packed.size() != g.total_bytes)
-    throw Error(cat(argument, ": expected ", g.total_bytes, " bytes for ", g.experts, " experts of ", g.rows, " x ", g.cols, ", got ", packed.size(), " bytes (truncated or padded buffer)"));
+    throw Error(cat(argument, ": expected ", g.total_bytes, " bytes for ", g.experts,
+                    " experts of ", g.rows, " x ", g.cols, ", got ", packed.size(),
+                    " bytes (truncated or padded buffer)"));
   return g;
 }
 

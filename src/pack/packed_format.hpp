@@ -2,8 +2,14 @@
 //
 //   expert block = [weights][scales][correction][bias]  (each section 64-byte aligned)
 //
-// weights:    layout-specific (see the layout table in packed_format.cpp)
-// scales:     rows x groups, in the stored scale dtype (f32, bf16 or f16)
+// Rows are stored in "parts" (w13: gate then up; w2: one part), each padded with zero rows to a
+// multiple of the layout's panel height P, so that every part starts on a panel boundary.
+// Padded row index of logical row n (halves order): (n / part_rows) * part_rows_padded +
+// n % part_rows.
+//
+// weights:    layout-specific (LayoutId below)
+// scales:     for panel q = n / P, group b, lane r = n % P: element (q * groups + b) * P + r, in
+//             the stored scale dtype (f32, bf16 or f16); P = 1 is plain [rows, groups]
 // correction: one 4-byte value per row for the zero-point term:
 //               channelwise: int32  SUM_k w[n,k]
 //               groupwise:   f32    SUM_b s[n,b] * SUM_{k in b} w[n,k]   (summed in double)
@@ -26,17 +32,31 @@ inline constexpr char kPackedMagic[8] = {'W', '4', 'A', '8', 'M', 'O', 'E', '\0'
 inline constexpr size_t kHeaderBytes = 128;
 inline constexpr size_t kAlign = 64;
 inline constexpr int64_t kBlock = 32;  // K granularity of every layout
-// Largest input dimension: keeps every int32 dot product exact (|q * w| <= 1024 per element).
-inline constexpr int64_t kMaxCols = int64_t{1} << 20;
+// Largest input dimension: keeps every int32 sum exact in all kernels (|(w + 8) * q| <= 1920
+// per element, and 2^16 * 1920 < 2^31).
+inline constexpr int64_t kMaxCols = int64_t{1} << 16;
 
 enum class LayoutId : uint32_t {
   // Row-major rows of 32-element blocks; block byte i holds element i (low nibble) and element
   // i + 16 (high nibble) as 4-bit two's complement. Read by the portable kernels.
   qs4_b32_rowmajor = 1,
+  // Panels of P rows; per 8 input columns k0..k0+7 one chunk of 4P bytes; row r of the panel
+  // owns bytes 4r..4r+3, byte j holding w[k0 + j] + 8 (low nibble) and w[k0 + 4 + j] + 8 (high
+  // nibble). Lanes of a vector register are output rows; `vpdpbusd` takes 4 columns per lane.
+  qu4_p16k8 = 2,  // P = 16: one zmm register per chunk (AVX-512 VNNI)
+  qu4_p8k8 = 3,   // P = 8: one ymm register per chunk (AVX-VNNI, AVX2)
 };
 
+struct LayoutInfo {
+  LayoutId id;
+  const char* name;
+  int64_t panel;        // P
+  bool offset_nibbles;  // nibbles hold w + 8 (else two's complement)
+};
+
+// The layout's description; throws Error naming `argument` if unknown.
+const LayoutInfo& layout_info(uint32_t id, std::string_view argument);
 const char* layout_name(LayoutId id) noexcept;
-bool layout_known(uint32_t id) noexcept;
 
 struct PackedHeader {
   char magic[8];
@@ -47,9 +67,9 @@ struct PackedHeader {
   uint32_t experts;
   uint32_t rows;
   uint32_t cols;
-  int32_t group_size;   // -1: channelwise
-  uint32_t scale_dtype; // DType
-  uint32_t flags;       // kFlagBias
+  int32_t group_size;    // -1: channelwise
+  uint32_t scale_dtype;  // DType
+  uint32_t flags;        // kFlagBias
   uint64_t expert_bytes;
   uint64_t total_bytes;
   uint8_t reserved[kHeaderBytes - 64 - 8];
@@ -64,12 +84,17 @@ struct Geometry {
   LayoutId layout = LayoutId::qs4_b32_rowmajor;
   WeightRole role = WeightRole::w13;
   int64_t experts = 0;
-  int64_t rows = 0;        // N
-  int64_t cols = 0;        // K (logical)
-  int64_t cols_padded = 0; // K rounded up to kBlock
+  int64_t rows = 0;              // N (logical)
+  int64_t cols = 0;              // K (logical)
+  int64_t panel = 1;             // P
+  int64_t parts = 1;             // 2 for w13 (gate, up), 1 for w2
+  int64_t part_rows = 0;         // logical rows of one part
+  int64_t part_rows_padded = 0;  // part_rows rounded up to P
+  int64_t rows_padded = 0;       // parts * part_rows_padded
+  int64_t cols_padded = 0;       // K rounded up to kBlock
   int group_size = -1;
-  int64_t group_len = 0;   // elements per scale group (cols_padded when channelwise)
-  int64_t groups = 0;      // scale groups per row
+  int64_t group_len = 0;  // elements per scale group (cols_padded when channelwise)
+  int64_t groups = 0;     // scale groups per row
   DType scale_dtype = DType::f32;
   bool has_bias = false;
   int64_t row_weight_bytes = 0;
@@ -78,6 +103,9 @@ struct Geometry {
   size_t total_bytes = 0;
 
   bool channelwise() const noexcept { return group_size < 0; }
+  int64_t padded_row(int64_t n) const noexcept {
+    return (n / part_rows) * part_rows_padded + n % part_rows;
+  }
 };
 
 // Throws Error (naming `argument`) when the sizes overflow or the group size does not fit.

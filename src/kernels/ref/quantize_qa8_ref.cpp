@@ -1,8 +1,8 @@
 // Portable activation quantizer: f32 row -> int8 q with per-row recip and zero point.
 #include <cmath>
 
-#include "kernels/ref/ref_kernels.hpp"
 #include "kernels/quant_params.hpp"
+#include "kernels/ref/ref_kernels.hpp"
 
 namespace w4a8moe::detail::ref {
 

@@ -1,0 +1,158 @@
+// Google Benchmark suites: the GEMM micro-kernel of every kernel set, and the whole layer of
+// Qwen3-30B-A3B at decode and prefill token counts. Counters report bytes/s of weights touched
+// and int8 MAC/s; the read-bandwidth probe runs first and is printed, so the ratio to the
+// machine's limit can be read off the same run (the `w4a8moe bench` program prints the ratio).
+#include <benchmark/benchmark.h>
+
+#include <cstdio>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pack/packed_format.hpp"
+#include "registry.hpp"
+#include "w4a8moe/probe.hpp"
+#include "w4a8moe/synthetic.hpp"
+
+namespace {
+
+using namespace w4a8moe;
+
+struct Layer {
+  cli::SyntheticLayer logical;
+  PackedWeights w13, w2;
+};
+
+Layer& qwen3_layer() {
+  static std::unique_ptr<Layer> layer = [] {
+    auto l = std::make_unique<Layer>();
+    l->logical =
+        cli::make_layer(cli::find_preset("qwen3-30b-a3b"), 32, DType::bf16, 1, nullptr, nullptr);
+    const LogicalWeights v = l->logical.view();
+    PackOptions po;
+    po.group_size = 32;
+    l->w13 = pack_w13(v.w13, v.w13_scale, v.w13_bias, po);
+    l->w2 = pack_w2(v.w2, v.w2_scale, v.w2_bias, po);
+    return l;
+  }();
+  return *layer;
+}
+
+// Whole layer: a fresh routing per iteration and caches evicted (outside the timing), so decode
+// streams its experts from DRAM as in real use.
+void BM_Layer(benchmark::State& state) {
+  Layer& L = qwen3_layer();
+  const cli::Preset& p = L.logical.preset;
+  const int64_t T = state.range(0), H = p.hidden, K = p.top_k;
+  const bool skewed = state.range(1) != 0;
+  Context ctx(0);
+  const std::vector<float> x = cli::make_activations(T, H, 7);
+  std::vector<float> out(static_cast<size_t>(T * H));
+  std::vector<cli::Routing> routings;
+  for (int r = 0; r < 16; ++r)
+    routings.push_back(cli::make_routing(T, p.experts, K, skewed, 100u + static_cast<unsigned>(r)));
+  const size_t expert_bytes = L.w13.info().expert_bytes + L.w2.info().expert_bytes;
+  double bytes = 0;
+  size_t i = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    const cli::Routing& rt = routings[i++ % routings.size()];
+    bytes +=
+        static_cast<double>(std::set<int32_t>(rt.ids.begin(), rt.ids.end()).size() * expert_bytes);
+    cli::evict_caches();
+    state.ResumeTiming();
+    forward(ctx, TensorView::of(x.data(), DType::f32, {T, H}),
+            TensorView::of(rt.ids.data(), DType::i32, {T, K}),
+            TensorView::of(rt.weights.data(), DType::f32, {T, K}), L.w13.bytes(), L.w2.bytes(),
+            MoeParams{}, MutableTensorView::of(out.data(), DType::f32, {T, H}));
+  }
+  state.counters["weight_bytes_per_s"] = benchmark::Counter(bytes, benchmark::Counter::kIsRate);
+  state.counters["mac_per_s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * static_cast<double>(T * K) *
+                             3.0 * static_cast<double>(H * p.inter),
+                         benchmark::Counter::kIsRate);
+  state.SetLabel(active_kernel_set());
+}
+BENCHMARK(BM_Layer)
+    ->ArgsProduct({{1, 8, 32, 128}, {0}})
+    ->Args({128, 1})
+    ->ArgNames({"tokens", "skewed"})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// One GEMM micro-kernel call over a 64-row slice of an expert of K = 2048 (hot in cache).
+void BM_Gemm(benchmark::State& state, const detail::KernelSet* set) {
+  if (!set->usable(cpu_features())) {
+    state.SkipWithError("kernel set not usable on this CPU");
+    return;
+  }
+  const int64_t m = state.range(0), K = 2048, N = 64;
+  std::vector<int8_t> w(static_cast<size_t>(N * K), 3);
+  std::vector<float> s(static_cast<size_t>(N * K / 32), 0.01f);
+  PackOptions po;
+  po.group_size = 32;
+  po.kernel_set = set->name;
+  const PackedWeights pw = pack_w2(TensorView::of(w.data(), DType::i8, {1, N, K}),
+                                   TensorView::of(s.data(), DType::f32, {1, N, K / 32}), {}, po);
+  const detail::Geometry g = detail::read_geometry(pw.bytes(), "bench");
+  std::vector<float> a(static_cast<size_t>(K), 0.5f);
+  // a quantized row: K bytes, then one int32 group term per group of 32
+  std::vector<std::vector<int32_t>> q(static_cast<size_t>(m),
+                                      std::vector<int32_t>(static_cast<size_t>(K / 4 + K / 32)));
+  std::vector<detail::QuantRow> rows(static_cast<size_t>(m));
+  for (int64_t r = 0; r < m; ++r) {
+    detail::QuantizeArgs qa;
+    qa.src = a.data();
+    qa.cols = K;
+    qa.cols_padded = K;
+    qa.group_len = 32;
+    qa.dst = q[static_cast<size_t>(r)].data();
+    qa.row = &rows[static_cast<size_t>(r)];
+    set->quantize(qa);
+  }
+  std::vector<float> c(static_cast<size_t>(m * N));
+  detail::GemmArgs args;
+  args.m = m;
+  args.a = rows.data();
+  args.expert = pw.bytes().data() + detail::kHeaderBytes;
+  args.geometry = &g;
+  args.n_begin = 0;
+  args.n_end = N;
+  args.c = c.data();
+  args.c_stride = N;
+  for (auto _ : state) {
+    set->gemm(args);
+    benchmark::DoNotOptimize(c.data());
+  }
+  state.counters["mac_per_s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * static_cast<double>(m * N * K),
+                         benchmark::Counter::kIsRate);
+}
+
+const int kRegistered = [] {
+  for (const detail::KernelSet& set : detail::kernel_table())
+    benchmark::RegisterBenchmark((std::string("BM_Gemm/") + set.name).c_str(), BM_Gemm, &set)
+        ->DenseRange(1, static_cast<int>(set.tile_m))
+        ->ArgName("m");
+  return 0;
+}();
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  const int threads = static_cast<int>(std::thread::hardware_concurrency());
+  const double bw = cli::measure_read_bandwidth(threads);
+  std::printf("read bandwidth probe (%d threads): %.1f GB/s\n", threads, bw / 1e9);
+  for (const detail::KernelSet& set : detail::kernel_table()) {
+    const double one = cli::measure_peak_macs(set.name, 1);
+    if (one > 0)
+      std::printf("int8 MAC peak probe %s: %.1f GMAC/s (1 thread), %.1f GMAC/s (%d threads)\n",
+                  set.name, one / 1e9, cli::measure_peak_macs(set.name, threads) / 1e9, threads);
+  }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,11 @@
+// Portable activation: the libm functions of SPEC section 4 in f32.
+#include "api/activation.hpp"
+#include "kernels/ref/ref_kernels.hpp"
+
+namespace w4a8moe::detail::ref {
+
+void activate(const MoeParams& params, const float* gate, const float* up, float* m, int64_t n) {
+  apply_activation(params, gate, up, m, n);
+}
+
+}  // namespace w4a8moe::detail::ref

@@ -1,0 +1,175 @@
+// AVX-512 VNNI GEMM micro-kernel on layout qu4_p16k8: tiles of M activation rows (1..8) x NP
+// panels of 16 output rows. Per chunk of 8 columns and panel, one 64-byte load holds 16 rows x 8
+// offset nibbles; `and 0x0f` and `srl 4, and 0x0f` give the u8 weights of columns k0..k0+3 and
+// k0+4..k0+7, each multiplied by 4 broadcast s8 activations with `vpdpbusd`. Every unpacked
+// register serves M rows. Per scale group: int32 sums start at the row's group term
+// (-8 * SUM q), are converted once and multiplied into f32 accumulators by the 16 row scales.
+#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VNNI__)
+#error "this file must be compiled with -mavx512f -mavx512bw -mavx512vnni"
+#endif
+
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels/x86_avx512vnni/avx512vnni_kernels.hpp"
+
+namespace w4a8moe::detail::avx512vnni {
+
+namespace {
+
+constexpr int64_t kPanel = 16;
+
+// 16 scales of one panel and group as f32.
+inline __m512 load_scales(const uint8_t* base, DType dtype, int64_t index) {
+  switch (dtype) {
+    case DType::bf16:
+      return _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + index * 2))),
+          16));
+    case DType::f16:
+      return _mm512_cvtph_ps(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + index * 2)));
+    default:
+      return _mm512_loadu_ps(reinterpret_cast<const float*>(base) + index);
+  }
+}
+
+inline int32_t load_i32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// acc += u8 weights (w) x 4 s8 activations at p broadcast to every lane. Inline assembly so
+// that the broadcast is the {1to16} memory operand of `vpdpbusd` and the accumulator stays in
+// its register (GCC 12 otherwise emits a separate broadcast and copies accumulators around).
+inline __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t* p) {
+  __asm__("vpdpbusd %2%{1to16%}, %1, %0"
+          : "+v"(acc)
+          : "v"(w), "m"(*reinterpret_cast<const int32_t*>(p)));
+  return acc;
+}
+
+// Output rows [n0, n0 + 16 * NP) of the padded row space.
+template <int M, int NP>
+void tile(const GemmArgs& args, int64_t n0) {
+  const Geometry& g = *args.geometry;
+  const int64_t panel_bytes = kPanel * g.row_weight_bytes;
+  const int64_t first_panel = n0 / kPanel;
+  const uint8_t* w = args.expert + g.weights_offset + first_panel * panel_bytes;
+  const uint8_t* scales = args.expert + g.scales_offset;
+  const int64_t chunks_per_group = g.group_len / 8;
+  const bool channelwise = g.group_size < 0;
+  const __m512i low4 = _mm512_set1_epi8(0x0f);
+
+  const int8_t* q[M];
+  for (int m = 0; m < M; ++m) q[m] = static_cast<const int8_t*>(args.a[m].data);
+
+  // Separate accumulators for the low and high nibble columns: 2 * M * NP independent
+  // `vpdpbusd` chains (peak needs about 8 in flight: latency 4, two per cycle).
+  __m512 facc[M][NP];
+  __m512i iacc[M][NP] = {};
+  for (int m = 0; m < M; ++m)
+    for (int p = 0; p < NP; ++p) facc[m][p] = _mm512_setzero_ps();
+
+  for (int64_t b = 0; b < g.groups; ++b) {
+    __m512i lo_acc[M][NP], hi_acc[M][NP];
+    for (int m = 0; m < M; ++m) {
+      const __m512i start = _mm512_set1_epi32(args.a[m].group_terms[b]);
+      for (int p = 0; p < NP; ++p) {
+        lo_acc[m][p] = start;
+        hi_acc[m][p] = _mm512_setzero_si512();
+      }
+    }
+    const uint8_t* wc = w + b * chunks_per_group * 64;
+    const int64_t k_begin = b * g.group_len;
+    for (int64_t c = 0; c < chunks_per_group; ++c, wc += 64) {
+      __m512i lo[NP], hi[NP];
+      for (int p = 0; p < NP; ++p) {
+        const __m512i raw = _mm512_loadu_si512(wc + p * panel_bytes);
+        lo[p] = _mm512_and_si512(raw, low4);
+        hi[p] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+      }
+      const int64_t k = k_begin + c * 8;
+      for (int m = 0; m < M; ++m) {
+        for (int p = 0; p < NP; ++p) {
+          lo_acc[m][p] = dpbusd_bcast(lo_acc[m][p], lo[p], q[m] + k);
+          hi_acc[m][p] = dpbusd_bcast(hi_acc[m][p], hi[p], q[m] + k + 4);
+        }
+      }
+    }
+    for (int m = 0; m < M; ++m)
+      for (int p = 0; p < NP; ++p) iacc[m][p] = _mm512_add_epi32(lo_acc[m][p], hi_acc[m][p]);
+    if (!channelwise) {
+      for (int p = 0; p < NP; ++p) {
+        const __m512 s =
+            load_scales(scales, g.scale_dtype, ((first_panel + p) * g.groups + b) * kPanel);
+        for (int m = 0; m < M; ++m)
+          facc[m][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[m][p]), s, facc[m][p]);
+      }
+    }
+  }
+
+  // Epilogue: c = recip * (acc - zp * correction) + bias
+  const uint8_t* corr = args.expert + g.correction_offset + n0 * 4;
+  const bool has_bias = g.has_bias;
+  for (int p = 0; p < NP; ++p) {
+    const __m512 bias =
+        has_bias ? _mm512_loadu_ps(reinterpret_cast<const float*>(args.expert + g.bias_offset) +
+                                   n0 + p * kPanel)
+                 : _mm512_setzero_ps();
+    if (channelwise) {
+      const __m512i wsum = _mm512_loadu_si512(corr + p * kPanel * 4);
+      const __m512 s = load_scales(scales, g.scale_dtype, (first_panel + p) * kPanel);
+      for (int m = 0; m < M; ++m) {
+        const __m512i exact =
+            _mm512_sub_epi32(iacc[m][p], _mm512_mullo_epi32(wsum, _mm512_set1_epi32(args.a[m].zp)));
+        const __m512 rs = _mm512_mul_ps(_mm512_set1_ps(args.a[m].recip), s);
+        _mm512_storeu_ps(args.c + m * args.c_stride + (n0 - args.n_begin) + p * kPanel,
+                         _mm512_fmadd_ps(rs, _mm512_cvtepi32_ps(exact), bias));
+      }
+    } else {
+      const __m512 zsum = _mm512_loadu_ps(reinterpret_cast<const float*>(corr) + p * kPanel);
+      for (int m = 0; m < M; ++m) {
+        const __m512 v =
+            _mm512_fnmadd_ps(_mm512_set1_ps(static_cast<float>(args.a[m].zp)), zsum, facc[m][p]);
+        _mm512_storeu_ps(args.c + m * args.c_stride + (n0 - args.n_begin) + p * kPanel,
+                         _mm512_fmadd_ps(_mm512_set1_ps(args.a[m].recip), v, bias));
+      }
+    }
+  }
+}
+
+template <int M, int NP>
+void run(const GemmArgs& args) {
+  int64_t n = args.n_begin;
+  for (; n + NP * kPanel <= args.n_end; n += NP * kPanel) tile<M, NP>(args, n);
+  for (; n < args.n_end; n += kPanel) tile<M, 1>(args, n);
+}
+
+}  // namespace
+
+void gemm_qa8_qu4p16(const GemmArgs& args) {
+  switch (args.m) {
+    case 1:
+      return run<1, 4>(args);
+    case 2:
+      return run<2, 2>(args);
+    case 3:
+      return run<3, 1>(args);
+    case 4:
+      return run<4, 1>(args);
+    case 5:
+      return run<5, 1>(args);
+    case 6:
+      return run<6, 1>(args);
+    case 7:
+      return run<7, 1>(args);
+    default:
+      return run<8, 1>(args);
+  }
+}
+
+}  // namespace w4a8moe::detail::avx512vnni

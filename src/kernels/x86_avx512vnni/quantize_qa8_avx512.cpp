@@ -1,0 +1,96 @@
+// AVX-512 activation quantizer: f32 row -> s8 q, recip, zero point, and per scale group
+// -8 * SUM q (the term that turns the dot product with offset weights w + 8 into SUM w * q).
+#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__)
+#error "this file must be compiled with -mavx512f -mavx512bw -mavx512vl"
+#endif
+
+#include <immintrin.h>
+
+#include "kernels/quant_params.hpp"
+#include "kernels/x86_avx512vnni/avx512vnni_kernels.hpp"
+
+namespace w4a8moe::detail::avx512vnni {
+
+namespace {
+
+inline __mmask16 tail_mask(int64_t left) {
+  return left >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << left) - 1u);
+}
+
+// Horizontal reductions through memory (GCC 12's _mm512_reduce_min_ps trips
+// -Wmaybe-uninitialized inside its own header); once per row, the cost does not matter.
+inline float hmin(__m512 v) {
+  alignas(64) float t[16];
+  _mm512_store_ps(t, v);
+  float r = t[0];
+  for (int i = 1; i < 16; ++i) r = t[i] < r ? t[i] : r;
+  return r;
+}
+
+inline float hmax(__m512 v) {
+  alignas(64) float t[16];
+  _mm512_store_ps(t, v);
+  float r = t[0];
+  for (int i = 1; i < 16; ++i) r = t[i] > r ? t[i] : r;
+  return r;
+}
+
+inline int32_t hsum(__m512i v) {
+  alignas(64) int32_t t[16];
+  _mm512_store_si512(t, v);
+  int32_t r = 0;
+  for (int i = 0; i < 16; ++i) r += t[i];
+  return r;
+}
+
+}  // namespace
+
+void quantize_qa8(const QuantizeArgs& args) {
+  const float* a = args.src;
+  const int64_t cols = args.cols;
+  __m512 vmin = _mm512_setzero_ps(), vmax = _mm512_setzero_ps();
+  __mmask16 finite = 0xffff;
+  for (int64_t k = 0; k < cols; k += 16) {
+    const __mmask16 m = tail_mask(cols - k);
+    const __m512 v = _mm512_maskz_loadu_ps(m, a + k);
+    // finite iff v - v == 0 (NaN and Inf give NaN); masked-off lanes are 0
+    finite &= _mm512_cmp_ps_mask(_mm512_sub_ps(v, v), _mm512_setzero_ps(), _CMP_EQ_OQ);
+    vmin = _mm512_min_ps(vmin, v);
+    vmax = _mm512_max_ps(vmax, v);
+  }
+  const RowQuantParams p = row_quant_params(hmin(vmin), hmax(vmax), finite == 0xffff);
+  auto* q = static_cast<int8_t*>(args.dst);
+  const int64_t groups = args.cols_padded / args.group_len;
+  auto* terms = reinterpret_cast<int32_t*>(q + args.cols_padded);
+  const __m512 scale = _mm512_set1_ps(p.scale);
+  const __m512i zp = _mm512_set1_epi32(p.zp);
+  const __m512 half = _mm512_set1_ps(0.49999997f);
+  const __m512i sign = _mm512_set1_epi32(INT32_MIN);
+  for (int64_t b = 0; b < groups; ++b) {
+    __m512i sum = _mm512_setzero_si512();
+    for (int64_t k = b * args.group_len; k < (b + 1) * args.group_len; k += 16) {
+      // columns past `cols` (padding) quantize to the zero point: value 0
+      const __mmask16 m = k < cols ? tail_mask(cols - k) : __mmask16(0);
+      __m512i qi = zp;
+      if (p.finite && m != 0) {
+        const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, a + k), scale);
+        // round half away from zero: trunc(v + copysign(0.49999997, v)), exact for |v| < 320
+        const __m512 bias = _mm512_castsi512_ps(_mm512_or_si512(
+            _mm512_castps_si512(half), _mm512_and_si512(_mm512_castps_si512(v), sign)));
+        qi = _mm512_add_epi32(_mm512_cvttps_epi32(_mm512_add_ps(v, bias)), zp);
+        qi =
+            _mm512_max_epi32(_mm512_min_epi32(qi, _mm512_set1_epi32(127)), _mm512_set1_epi32(-128));
+        qi = _mm512_mask_mov_epi32(zp, m, qi);
+      }
+      sum = _mm512_add_epi32(sum, qi);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + k), _mm512_cvtepi32_epi8(qi));
+    }
+    terms[b] = -8 * hsum(sum);
+  }
+  args.row->data = q;
+  args.row->recip = p.recip;
+  args.row->zp = p.zp;
+  args.row->group_terms = terms;
+}
+
+}  // namespace w4a8moe::detail::avx512vnni

@@ -1,0 +1,217 @@
+// Kernel-level tests generated from the registry: every kernel set usable on this CPU (adding
+// a set to the table adds its tests) against the portable quantizer and a double-precision
+// evaluation of the GEMM formula, on shapes around panel and tile edges and extreme values.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/ref/ref_kernels.hpp"
+#include "pack/packed_format.hpp"
+#include "registry.hpp"
+
+namespace {
+
+using namespace w4a8moe;
+using detail::KernelSet;
+using detail::QuantRow;
+
+std::vector<const KernelSet*> usable_sets() {
+  std::vector<const KernelSet*> out;
+  for (const KernelSet& k : detail::kernel_table())
+    if (k.usable(cpu_features())) out.push_back(&k);
+  return out;
+}
+
+// A quantized row as the driver lays it out: cols_padded bytes, then the group terms.
+struct QRowBuffer {
+  std::vector<int32_t> storage;
+  QuantRow row;
+};
+
+QRowBuffer quantize(const KernelSet& set, const std::vector<float>& a, int64_t cols_padded,
+                    int64_t group_len) {
+  QRowBuffer b;
+  b.storage.assign(static_cast<size_t>(cols_padded / 4 + cols_padded / group_len + 16), 0);
+  detail::QuantizeArgs q;
+  q.src = a.data();
+  q.cols = static_cast<int64_t>(a.size());
+  q.cols_padded = cols_padded;
+  q.group_len = group_len;
+  q.dst = b.storage.data();
+  q.row = &b.row;
+  set.quantize(q);
+  return b;
+}
+
+std::vector<float> random_row(std::mt19937& rng, int64_t n, int kind) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> a(static_cast<size_t>(n));
+  for (auto& v : a) v = nd(rng);
+  if (kind == 1)
+    for (auto& v : a) v = std::fabs(v) + 0.1f;  // all positive: zp = -128
+  if (kind == 2)
+    for (auto& v : a) v = -std::fabs(v) - 0.1f;  // all negative: zp = 127
+  if (kind == 3)
+    for (auto& v : a) v = 0.0f;  // all zero
+  if (kind == 4)
+    for (auto& v : a) v = 2.5f;                         // constant
+  if (kind == 5) a[static_cast<size_t>(n / 2)] = 1e4f;  // one huge outlier
+  return a;
+}
+
+TEST(KernelQuantize, EverySetMatchesThePortableQuantizerExactly) {
+  std::mt19937 rng(11);
+  const KernelSet& portable = detail::kernel_table().back();  // the table ends with it
+  ASSERT_STREQ(portable.name, "scalar");
+  for (const KernelSet* set : usable_sets()) {
+    for (int64_t cols : {1, 7, 8, 15, 16, 17, 31, 32, 33, 100, 768, 2049}) {
+      const int64_t padded = (cols + 31) / 32 * 32;
+      for (int64_t group_len : {int64_t{32}, padded}) {
+        if (padded % group_len != 0) continue;
+        for (int kind = 0; kind < 6; ++kind) {
+          SCOPED_TRACE(std::string(set->name) + " cols " + std::to_string(cols) + " group " +
+                       std::to_string(group_len) + " kind " + std::to_string(kind));
+          const std::vector<float> a = random_row(rng, cols, kind);
+          const QRowBuffer got = quantize(*set, a, padded, group_len);
+          const QRowBuffer want = quantize(portable, a, padded, group_len);
+          EXPECT_EQ(got.row.zp, want.row.zp);
+          EXPECT_EQ(std::memcmp(&got.row.recip, &want.row.recip, 4), 0);
+          const auto* gq = static_cast<const int8_t*>(got.row.data);
+          const auto* wq = static_cast<const int8_t*>(want.row.data);
+          for (int64_t k = 0; k < padded; ++k) ASSERT_EQ(gq[k], wq[k]) << "column " << k;
+          if (set->group_terms) {
+            ASSERT_NE(got.row.group_terms, nullptr);
+            for (int64_t b = 0; b < padded / group_len; ++b) {
+              int32_t sum = 0;
+              for (int64_t k = b * group_len; k < (b + 1) * group_len; ++k) sum += gq[k];
+              EXPECT_EQ(got.row.group_terms[b], -8 * sum) << "group " << b;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(KernelQuantize, NonFiniteRowsPoisonOnlyTheirScale) {
+  for (const KernelSet* set : usable_sets()) {
+    SCOPED_TRACE(set->name);
+    std::vector<float> a(40, 1.0f);
+    a[3] = NAN;
+    QRowBuffer b = quantize(*set, a, 64, 32);
+    EXPECT_TRUE(std::isnan(b.row.recip));
+    a[3] = INFINITY;
+    b = quantize(*set, a, 64, 32);
+    EXPECT_TRUE(std::isnan(b.row.recip));
+  }
+}
+
+struct GemmCase {
+  int64_t rows, cols;
+  int group;
+  bool w13;
+};
+
+// Double-precision value of the GEMM contract for one output row from the logical weights.
+double expected(const std::vector<int8_t>& w, const std::vector<float>& s, int64_t cols,
+                int64_t groups, int64_t n, const QuantRow& a, int64_t group_len, double bias) {
+  const auto* q = static_cast<const int8_t*>(a.data);
+  double sum = 0.0;
+  for (int64_t b = 0; b < groups; ++b) {
+    int64_t dot = 0;
+    for (int64_t k = b * group_len; k < std::min(cols, (b + 1) * group_len); ++k)
+      dot += (int64_t{q[k]} - a.zp) * w[static_cast<size_t>(n * cols + k)];
+    sum += double{s[static_cast<size_t>(n * groups + b)]} * static_cast<double>(dot);
+  }
+  return double{a.recip} * sum + bias;
+}
+
+TEST(KernelGemm, EverySetMatchesTheFormulaAroundTileEdges) {
+  std::mt19937 rng(5);
+  const std::vector<GemmCase> cases = {
+      {1, 32, 32, false},    {7, 64, 32, false},    {8, 96, 32, false},    {9, 64, 64, false},
+      {15, 256, 128, false}, {16, 32, -1, false},   {17, 40, -1, false},   {31, 2048, 32, false},
+      {33, 96, 96, false},   {64, 256, 256, false}, {100, 200, -1, false}, {6, 64, 32, true},
+      {34, 64, -1, true},    {48, 2048, 64, true},
+  };
+  std::uniform_int_distribution<int> wi(-8, 7);
+  std::uniform_real_distribution<float> sd(0.5f, 1.5f);
+  for (const KernelSet* set : usable_sets()) {
+    for (const GemmCase& c : cases) {
+      SCOPED_TRACE(std::string(set->name) + " rows " + std::to_string(c.rows) + " cols " +
+                   std::to_string(c.cols) + " group " + std::to_string(c.group) +
+                   (c.w13 ? " w13" : " w2"));
+      const int64_t groups = c.group < 0 ? 1 : c.cols / c.group;
+      std::vector<int8_t> w(static_cast<size_t>(c.rows * c.cols));
+      for (size_t i = 0; i < w.size(); ++i)
+        w[i] = static_cast<int8_t>(i % 97 == 0 ? -8 : (i % 89 == 0 ? 7 : wi(rng)));
+      std::vector<float> s(static_cast<size_t>(c.rows * groups)), bias(static_cast<size_t>(c.rows));
+      for (auto& v : s) v = sd(rng) / static_cast<float>(c.cols);
+      for (auto& v : bias) v = sd(rng) - 1.0f;
+      PackOptions po;
+      po.group_size = c.group;
+      po.kernel_set = set->name;
+      const TensorView wv = TensorView::of(w.data(), DType::i8, {1, c.rows, c.cols});
+      const TensorView sv = c.group < 0 ? TensorView::of(s.data(), DType::f32, {1, c.rows})
+                                        : TensorView::of(s.data(), DType::f32, {1, c.rows, groups});
+      const TensorView bv = TensorView::of(bias.data(), DType::f32, {1, c.rows});
+      const PackedWeights packed = c.w13 ? pack_w13(wv, sv, bv, po) : pack_w2(wv, sv, bv, po);
+      const detail::Geometry g = detail::read_geometry(packed.bytes(), "test");
+      ASSERT_EQ(g.layout, set->layout);
+
+      for (int64_t m = 1; m <= set->tile_m; ++m) {
+        std::vector<QRowBuffer> rows;
+        for (int64_t r = 0; r < m; ++r)
+          rows.push_back(quantize(*set, random_row(rng, c.cols, static_cast<int>(r % 6)),
+                                  g.cols_padded, g.group_len));
+        std::vector<QuantRow> a;
+        for (auto& r : rows) a.push_back(r.row);
+        // every part of the padded row space, in two calls when it is long enough
+        for (int64_t part = 0; part < g.parts; ++part) {
+          const int64_t begin = part * g.part_rows_padded;
+          const int64_t split = g.part_rows > 32 ? 32 : g.part_rows;
+          for (auto [n0, n1] :
+               {std::pair{begin, begin + split}, std::pair{begin + split, begin + g.part_rows}}) {
+            if (n0 >= n1) continue;
+            const int64_t width = (n1 - n0 + 15) / 16 * 16;
+            std::vector<float> out(static_cast<size_t>(m * width), NAN);
+            detail::GemmArgs args;
+            args.m = m;
+            args.a = a.data();
+            args.expert = packed.bytes().data() + detail::kHeaderBytes;
+            args.geometry = &g;
+            args.n_begin = n0;
+            args.n_end = n1;
+            args.c = out.data();
+            args.c_stride = width;
+            set->gemm(args);
+            for (int64_t r = 0; r < m; ++r) {
+              for (int64_t n = n0; n < n1; ++n) {
+                const int64_t logical = part * g.part_rows + (n - begin);
+                const double want =
+                    expected(w, s, c.cols, groups, logical, a[static_cast<size_t>(r)], g.group_len,
+                             bias[static_cast<size_t>(logical)]);
+                // f32 rounding of the group sums and the epilogue: a few ulp of the magnitude of
+                // the terms, which is at most recip * sum|s * dot| + |bias|.
+                double mag = std::fabs(double{bias[static_cast<size_t>(logical)]});
+                for (int64_t b = 0; b < groups; ++b)
+                  mag += double{a[static_cast<size_t>(r)].recip} * 128.0 * 8.0 *
+                         static_cast<double>(g.group_len) *
+                         double{s[static_cast<size_t>(logical * groups + b)]} / 16.0;
+                const double got = out[static_cast<size_t>(r * width + (n - n0))];
+                ASSERT_NEAR(got, want, 1e-6 * mag + 1e-6)
+                    << "m " << m << " row " << r << " output " << n;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace

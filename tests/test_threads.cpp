@@ -1,0 +1,158 @@
+// The same bits for any thread count, for repeated calls, and no scratch growth in steady state.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "test_util.hpp"
+#include "w4a8moe/w4a8moe.hpp"
+
+namespace {
+
+using moe_test::Case;
+using moe_test::CaseSpec;
+using moe_test::DType;
+
+struct ThreadCase {
+  std::string name;
+  CaseSpec spec;
+};
+
+std::vector<ThreadCase> thread_cases() {
+  CaseSpec decode;
+  decode.tokens = 1;
+  decode.hidden = 512;
+  decode.inter = 256;
+  decode.experts = 8;
+  decode.top_k = 2;
+  decode.group_size = 128;
+  decode.seed = 71;
+
+  CaseSpec prefill = decode;
+  prefill.tokens = 200;
+  prefill.routing = moe_test::Routing::skewed;
+  prefill.x_dtype = DType::bf16;
+  prefill.seed = 72;
+
+  CaseSpec prefill_cw = prefill;
+  prefill_cw.group_size = -1;
+  prefill_cw.hidden = 200;
+  prefill_cw.inter = 72;
+  prefill_cw.bias = true;
+  prefill_cw.apply_router_weight_on_input = true;
+  prefill_cw.routing = moe_test::Routing::repeated;
+  prefill_cw.x_dtype = DType::f16;
+  prefill_cw.seed = 73;
+
+  CaseSpec many_experts = decode;
+  many_experts.tokens = 37;
+  many_experts.experts = 16;
+  many_experts.top_k = 16;
+  many_experts.routing = moe_test::Routing::all_experts;
+  many_experts.activation = w4a8moe::Activation::swigluoai;
+  many_experts.seed = 74;
+  return {{"decode_T1", decode},
+          {"prefill_T200_skewed_bf16", prefill},
+          {"prefill_T200_channelwise_odd_f16", prefill_cw},
+          {"T37_top_k_16_of_16", many_experts}};
+}
+
+// With the active kernel set (CTest runs the suite once per set).
+class Threads : public testing::TestWithParam<ThreadCase> {
+ protected:
+  const CaseSpec& spec() const { return GetParam().spec; }
+};
+
+std::string thread_test_name(const testing::TestParamInfo<ThreadCase>& info) {
+  return info.param.name;
+}
+
+void PrintTo(const ThreadCase& c, std::ostream* os) { *os << moe_test::describe(c.spec); }
+
+INSTANTIATE_TEST_SUITE_P(Cases, Threads, testing::ValuesIn(thread_cases()), thread_test_name);
+
+TEST_P(Threads, SameBitsForAnyThreadCount) {
+  SCOPED_TRACE(moe_test::describe(spec()));
+  const Case c = moe_test::make_case(spec());
+  const moe_test::PackedPair packed = moe_test::pack(c);
+  w4a8moe::Context one(1);
+  const moe_test::Output expected = moe_test::run_forward(c, packed, one);
+  for (const int threads : {2, 3, 7}) {
+    w4a8moe::Context context(threads);
+    EXPECT_EQ(context.threads(), threads);
+    const moe_test::Output got = moe_test::run_forward(c, packed, context);
+    EXPECT_TRUE(got.bytes == expected.bytes) << threads << " threads differ from 1 thread";
+  }
+}
+
+TEST_P(Threads, RepeatedCallsGiveTheSameBitsWithoutScratchGrowth) {
+  SCOPED_TRACE(moe_test::describe(spec()));
+  const Case c = moe_test::make_case(spec());
+  const moe_test::PackedPair packed = moe_test::pack(c);
+  w4a8moe::Context context(2);
+  const moe_test::Output first = moe_test::run_forward(c, packed, context);
+  const size_t scratch = context.scratch_bytes();
+  for (int i = 0; i < 3; ++i) {
+    const moe_test::Output again = moe_test::run_forward(c, packed, context);
+    EXPECT_TRUE(again.bytes == first.bytes) << "call " << i + 2 << " differs from the first";
+    EXPECT_EQ(context.scratch_bytes(), scratch) << "call " << i + 2;
+  }
+}
+
+TEST(ThreadsContext, SmallerCallsReuseTheScratch) {
+  CaseSpec big;
+  big.tokens = 64;
+  big.hidden = 512;
+  big.inter = 256;
+  big.experts = 8;
+  big.top_k = 2;
+  big.group_size = 64;
+  big.seed = 90;
+  CaseSpec small = big;
+  small.tokens = 3;
+  const Case b = moe_test::make_case(big), s = moe_test::make_case(small);
+  // The small case's x and routing against the big case's weights (only T differs).
+  const moe_test::PackedPair packed = moe_test::pack(b);
+  w4a8moe::Context context(2);
+  const moe_test::Output first_big = moe_test::run_forward(b, packed, context);
+  const size_t scratch = context.scratch_bytes();
+  EXPECT_GT(scratch, 0u);
+  moe_test::run_forward(s, packed, context);
+  EXPECT_EQ(context.scratch_bytes(), scratch) << "a smaller call grew the scratch";
+  const moe_test::Output second_big = moe_test::run_forward(b, packed, context);
+  EXPECT_EQ(context.scratch_bytes(), scratch);
+  EXPECT_TRUE(second_big.bytes == first_big.bytes);
+}
+
+TEST(ThreadsContext, ContextsMayRunConcurrently) {
+  // Each Context is single-threaded in use, but two contexts on two threads must not interfere
+  // (no hidden global state in the forward pass).
+  CaseSpec spec;
+  spec.tokens = 40;
+  spec.hidden = 256;
+  spec.inter = 128;
+  spec.experts = 4;
+  spec.top_k = 2;
+  spec.group_size = 64;
+  spec.seed = 91;
+  const Case c = moe_test::make_case(spec);
+  const moe_test::PackedPair packed = moe_test::pack(c);
+  w4a8moe::Context reference_context(1);
+  const moe_test::Output expected = moe_test::run_forward(c, packed, reference_context);
+  std::vector<moe_test::Output> outs(2);
+  {
+    std::vector<std::thread> workers;
+    for (int i = 0; i < 2; ++i)
+      workers.emplace_back([&, i] {
+        w4a8moe::Context context(2);
+        for (int r = 0; r < 5; ++r)
+          outs[static_cast<size_t>(i)] = moe_test::run_forward(c, packed, context);
+      });
+    for (std::thread& w : workers) w.join();
+  }
+  for (const moe_test::Output& o : outs) EXPECT_TRUE(o.bytes == expected.bytes);
+}
+
+}  // namespace

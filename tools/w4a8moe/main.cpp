@@ -1,0 +1,87 @@
+// The w4a8moe program: bench, run, check. Command-line parsing with CLI11.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+
+#include "w4a8moe/commands.hpp"
+#include "w4a8moe/synthetic.hpp"
+
+int main(int argc, char** argv) {
+  using namespace w4a8moe::cli;
+  CLI::App app{"w4a8moe: the Mixture-of-Experts layer with int4 weights and int8 activations"};
+  app.require_subcommand(1);
+
+  std::string preset_names;
+  for (const Preset& p : presets())
+    preset_names += (preset_names.empty() ? "" : ", ") + std::string(p.name);
+
+  BenchOptions bench;
+  CLI::App* b = app.add_subcommand("bench", "time a real model's MoE layer (synthetic weights)");
+  b->add_option("--preset", bench.preset, "model shape: " + preset_names)->capture_default_str();
+  b->add_option("--tokens", bench.tokens, "tokens per forward (T)")->capture_default_str();
+  b->add_option("--threads", bench.threads, "threads (0: all hardware threads)")
+      ->capture_default_str();
+  b->add_option("--group", bench.group, "weight group size, -1 for channelwise")
+      ->capture_default_str();
+  b->add_option("--dtype", bench.dtype, "activation dtype: f32, bf16 or f16")
+      ->capture_default_str();
+  b->add_option("--scales", bench.scales, "scale dtype: f32, bf16 or f16")->capture_default_str();
+  b->add_option("--routing", bench.routing, "uniform or skewed (a few hot experts)")
+      ->capture_default_str();
+  b->add_option("--repeat", bench.repeat, "timed runs; the median is reported")
+      ->capture_default_str();
+  b->add_option("--seed", bench.seed, "seed of the synthetic data")->capture_default_str();
+  b->add_flag("--json", bench.json, "print one JSON object on stdout");
+  b->add_flag("!--no-check", bench.check, "skip the check against the reference");
+
+  RunOptions run;
+  CLI::App* r = app.add_subcommand("run", "run one layer from a safetensors case file");
+  r->add_option("--input", run.input, "CASE.safetensors with x, topk_ids, topk_weights, w13, ...")
+      ->required();
+  r->add_option("--output", run.output, "OUT.safetensors to write tensor `out` to")->required();
+  r->add_option("--threads", run.threads, "threads (0: all hardware threads)")
+      ->capture_default_str();
+
+  CheckOptions check;
+  CLI::App* c =
+      app.add_subcommand("check", "show CPU features and kernel sets; check a configuration");
+  auto* hidden = c->add_option("--hidden", check.hidden, "hidden size H");
+  auto* inter = c->add_option("--inter", check.inter, "intermediate size I");
+  auto* experts = c->add_option("--experts", check.experts, "number of experts E");
+  auto* top_k = c->add_option("--top-k", check.top_k, "experts per token K");
+  c->add_option("--group", check.group, "group size, -1 for channelwise")->capture_default_str();
+  c->add_option("--dtype", check.dtype, "activation dtype: f32, bf16 or f16")
+      ->capture_default_str();
+  c->add_option("--activation", check.activation, "silu, swigluoai, swiglustep, gelu, gelu_tanh")
+      ->capture_default_str();
+  std::string check_preset;
+  auto* preset_opt =
+      c->add_option("--preset", check_preset, "take H, I, E, K and the activation from a preset");
+  hidden->needs(inter, experts, top_k);
+  preset_opt->excludes(hidden);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  try {
+    if (b->parsed()) return bench_command(bench);
+    if (r->parsed()) return run_command(run);
+    if (!check_preset.empty()) {
+      const Preset& p = find_preset(check_preset);
+      check.hidden = p.hidden;
+      check.inter = p.inter;
+      check.experts = p.experts;
+      check.top_k = p.top_k;
+      check.activation = w4a8moe::activation_name(p.activation);
+    }
+    check.has_config = !check_preset.empty() || hidden->count() > 0;
+    return check_command(check);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "w4a8moe %s: %s\n", app.get_subcommands().front()->get_name().c_str(),
+                 e.what());
+    return 1;
+  }
+}

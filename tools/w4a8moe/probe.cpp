@@ -1,0 +1,113 @@
+#include "w4a8moe/probe.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "w4a8moe/w4a8moe.hpp"
+
+namespace w4a8moe::cli {
+
+namespace {
+
+struct Buffer {
+  explicit Buffer(size_t bytes)
+      : data(static_cast<uint64_t*>(std::aligned_alloc(4096, bytes))), words(bytes / 8) {
+    if (!data) throw std::bad_alloc();
+    for (size_t i = 0; i < words; ++i) data[i] = i;  // touch every page
+  }
+  ~Buffer() { std::free(data); }
+  uint64_t* data;
+  size_t words;
+};
+
+volatile uint64_t g_sink;
+
+uint64_t sum_range(const uint64_t* p, size_t n) {
+  uint64_t a = 0, b = 0, c = 0, d = 0;
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    a += p[i];
+    b += p[i + 1];
+    c += p[i + 2];
+    d += p[i + 3];
+  }
+  for (; i < n; ++i) a += p[i];
+  return a + b + c + d;
+}
+
+void parallel_sum(const Buffer& buf, int threads) {
+  std::vector<std::thread> pool;
+  std::vector<uint64_t> sums(static_cast<size_t>(threads));
+  const size_t per = buf.words / static_cast<size_t>(threads);
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      sums[static_cast<size_t>(t)] = sum_range(buf.data + per * static_cast<size_t>(t), per);
+    });
+  for (auto& th : pool) th.join();
+  uint64_t s = 0;
+  for (uint64_t v : sums) s += v;
+  g_sink = s;
+}
+
+}  // namespace
+
+double measure_read_bandwidth(int threads, int runs) {
+  const size_t bytes = size_t{1} << 30;
+  Buffer buf(bytes);
+  std::vector<double> rates;
+  for (int r = 0; r < runs; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    parallel_sum(buf, threads);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    rates.push_back(static_cast<double>(bytes) / s);
+  }
+  std::sort(rates.begin(), rates.end());
+  return rates[rates.size() / 2];
+}
+
+#if defined(__x86_64__)
+namespace x86 {
+double macs_avx512vnni(int64_t iters);
+double macs_avxvnni(int64_t iters);
+double macs_avx2(int64_t iters);
+}  // namespace x86
+#endif
+
+double measure_peak_macs(const std::string& kernel_set, int threads) {
+  double (*probe)(int64_t) = nullptr;
+#if defined(__x86_64__)
+  const auto& f = w4a8moe::cpu_features();
+  if (kernel_set == "avx512vnni" && f.avx512vnni && f.avx512bw) probe = x86::macs_avx512vnni;
+  if (kernel_set == "avxvnni" && f.avxvnni) probe = x86::macs_avxvnni;
+  if (kernel_set == "avx2" && f.avx2) probe = x86::macs_avx2;
+#endif
+  if (probe == nullptr) return 0.0;
+  const int64_t iters = 2'000'000;
+  std::vector<double> rates;
+  for (int run = 0; run < 5; ++run) {
+    std::vector<std::thread> pool;
+    std::vector<double> macs(static_cast<size_t>(threads));
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] { macs[static_cast<size_t>(t)] = probe(iters); });
+    for (auto& th : pool) th.join();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    double total = 0;
+    for (double m : macs) total += m;
+    rates.push_back(total / s);
+  }
+  std::sort(rates.begin(), rates.end());
+  return rates[rates.size() / 2];
+}
+
+void evict_caches() {
+  static Buffer buf(size_t{96} << 20);  // three times the last-level cache of the dev machine
+  g_sink = sum_range(buf.data, buf.words);
+}
+
+}  // namespace w4a8moe::cli

@@ -1,0 +1,20 @@
+// Short probes of the machine's limits, run in the same process as a benchmark so that the
+// benchmark's figures can be reported as a fraction of them.
+#pragma once
+
+#include <string>
+
+namespace w4a8moe::cli {
+
+// Streaming read bandwidth in bytes/s: `threads` threads each sum their part of a 1 GiB buffer;
+// median of `runs`.
+double measure_read_bandwidth(int threads, int runs = 5);
+
+// Peak int8 MAC rate (MAC/s) of a kernel set's core instructions on `threads` threads at once;
+// 0 when the set has no probe on this machine (e.g. the portable set).
+double measure_peak_macs(const std::string& kernel_set, int threads);
+
+// Reads `bytes` of memory not used elsewhere, so that the next timed run starts with cold caches.
+void evict_caches();
+
+}  // namespace w4a8moe::cli
