@@ -2,6 +2,41 @@
 
 namespace w4a8moe::detail {
 
+namespace {
+
+// About 20-50 microseconds of polling before sleeping.
+constexpr int kSpins = 4000;
+
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+// Waits until `value` differs from `seen`: spin, then futex-backed wait.
+void wait_change(const std::atomic<uint32_t>& value, uint32_t seen) noexcept {
+  for (int i = 0; i < kSpins; ++i) {
+    if (value.load(std::memory_order_acquire) != seen) return;
+    cpu_relax();
+  }
+  while (value.load(std::memory_order_acquire) == seen) value.wait(seen, std::memory_order_acquire);
+}
+
+}  // namespace
+
+void SpinBarrier::arrive_and_wait() noexcept {
+  const uint32_t phase = phase_.load(std::memory_order_acquire);
+  if (arrived_.fetch_add(1, std::memory_order_acq_rel) == threads_ - 1) {
+    arrived_.store(0, std::memory_order_relaxed);
+    phase_.fetch_add(1, std::memory_order_release);
+    phase_.notify_all();
+    return;
+  }
+  wait_change(phase_, phase);
+}
+
 ThreadPool::ThreadPool(int threads) : size_(threads < 1 ? 1 : threads), sync_(size_) {
   threads_.reserve(static_cast<size_t>(size_ - 1));
   for (int i = 1; i < size_; ++i) threads_.emplace_back(&ThreadPool::worker, this, i);
@@ -35,9 +70,9 @@ void ThreadPool::run_impl(void* body, Trampoline trampoline) {
 }
 
 void ThreadPool::worker(int index) {
-  uint64_t seen = 0;
+  uint32_t seen = 0;
   for (;;) {
-    generation_.wait(seen, std::memory_order_acquire);
+    wait_change(generation_, seen);
     seen = generation_.load(std::memory_order_acquire);
     if (stop_.load(std::memory_order_relaxed)) return;
     call(index);

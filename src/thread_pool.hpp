@@ -1,10 +1,12 @@
 // A small pool of persistent worker threads for the forward pass. run() executes a body on every
-// thread (the caller is thread 0); inside the body, barrier() separates phases. Threads sleep
-// on futex-backed waits (C++20 atomic wait / std::barrier) between calls.
+// thread (the caller is thread 0); inside the body, barrier() separates phases.
+//
+// Waiting spins for a short while (a decode step is a fraction of a millisecond, and a futex
+// wake-up costs tens of microseconds), then sleeps on a futex-backed atomic wait, so idle pools
+// and oversubscribed machines do not burn CPU.
 #pragma once
 
 #include <atomic>
-#include <barrier>
 #include <cstdint>
 #include <exception>
 #include <mutex>
@@ -12,6 +14,18 @@
 #include <vector>
 
 namespace w4a8moe::detail {
+
+// Reusable barrier for a fixed number of threads: spin, then sleep.
+class SpinBarrier {
+ public:
+  explicit SpinBarrier(int threads) : threads_(threads) {}
+  void arrive_and_wait() noexcept;
+
+ private:
+  const int threads_;
+  std::atomic<int> arrived_{0};
+  std::atomic<uint32_t> phase_{0};
+};
 
 class ThreadPool {
  public:
@@ -30,7 +44,7 @@ class ThreadPool {
   }
 
   // All threads of the current run() wait here for each other.
-  void barrier() { sync_.arrive_and_wait(); }
+  void barrier() noexcept { sync_.arrive_and_wait(); }
 
  private:
   using Trampoline = void (*)(void*, int);
@@ -39,8 +53,8 @@ class ThreadPool {
   void call(int index) noexcept;
 
   int size_;
-  std::barrier<> sync_;
-  std::atomic<uint64_t> generation_{0};
+  SpinBarrier sync_;
+  std::atomic<uint32_t> generation_{0};
   std::atomic<bool> stop_{false};
   void* body_ = nullptr;
   Trampoline trampoline_ = nullptr;

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <fstream>
+#include <string>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -105,8 +107,23 @@ double measure_peak_macs(const std::string& kernel_set, int threads) {
   return rates[rates.size() / 2];
 }
 
+// Twice the last-level cache (from sysfs; 64 MiB when unknown), between 64 MiB and 2 GiB.
+size_t eviction_bytes() {
+  size_t llc = 0;
+  for (int index = 0; index < 8; ++index) {
+    std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/size");
+    std::string text;
+    if (!(in >> text) || text.empty()) continue;
+    size_t value = std::strtoull(text.c_str(), nullptr, 10);
+    if (text.back() == 'K') value <<= 10;
+    if (text.back() == 'M') value <<= 20;
+    llc = std::max(llc, value);
+  }
+  return std::clamp<size_t>(2 * llc, size_t{64} << 20, size_t{2} << 30);
+}
+
 void evict_caches() {
-  static Buffer buf(size_t{96} << 20);  // three times the last-level cache of the dev machine
+  static Buffer buf(eviction_bytes());
   g_sink = sum_range(buf.data, buf.words);
 }
 

@@ -14,7 +14,8 @@ double measure_read_bandwidth(int threads, int runs = 5);
 // 0 when the set has no probe on this machine (e.g. the portable set).
 double measure_peak_macs(const std::string& kernel_set, int threads);
 
-// Reads `bytes` of memory not used elsewhere, so that the next timed run starts with cold caches.
+// Reads twice the last-level cache's size of memory used nowhere else, so that the next timed
+// run starts with cold caches.
 void evict_caches();
 
 }  // namespace w4a8moe::cli
