@@ -257,21 +257,43 @@ class Worker {
     }
   }
 
+  // The weights (and scales) of padded rows [n0, n1) of one expert, as prefetch ranges.
+  static void rows_ranges(const Geometry& g, const uint8_t* expert, int64_t n0, int64_t n1,
+                          PrefetchRange* out) {
+    const int64_t P = g.panel, q0 = n0 / P, q1 = (n1 + P - 1) / P;
+    const int64_t panel_bytes = P * g.row_weight_bytes;
+    const int64_t scale_bytes = g.groups * P * static_cast<int64_t>(dtype_bytes(g.scale_dtype));
+    out[0] = {expert + g.weights_offset + q0 * panel_bytes, (q1 - q0) * panel_bytes / 64};
+    out[1] = {expert + g.scales_offset + q0 * scale_bytes, ((q1 - q0) * scale_bytes + 63) / 64};
+  }
+
   void gate_up(int tid, int64_t tokens, std::atomic<int64_t>& next) {
     (void)tokens;
     const bool on_input = p_.params->apply_router_weight_on_input;
     const int64_t I = p_.s.inter, K = p_.s.top_k, tile = p_.set->tile_m;
     const int64_t slices = (I + kSliceI - 1) / kSliceI;
     const int64_t tasks = int64_t{active_count_} * slices;
+    const int64_t up = p_.w13->part_rows_padded;  // first row of the up part
     float* cg = thread_buf(tid);
     float* cu = cg + tile * kSliceI;
     QuantRow a[kMaxTileM];
-    for (;;) {
-      const int64_t task = next.fetch_add(1, std::memory_order_relaxed);
-      if (task >= tasks) break;
+    auto expert_of = [&](int64_t task) {
+      return p_.w13_base + static_cast<size_t>(s_.active[task / slices]) * p_.w13->expert_bytes;
+    };
+    // Each thread claims one task ahead and prefetches its weights while computing the current
+    // one, so that the first tile of a task does not wait for DRAM.
+    int64_t task = next.fetch_add(1, std::memory_order_relaxed);
+    while (task < tasks) {
+      const int64_t following = next.fetch_add(1, std::memory_order_relaxed);
       const int32_t e = s_.active[task / slices];
       const int64_t i0 = (task % slices) * kSliceI, i1 = std::min(I, i0 + kSliceI);
-      const uint8_t* expert = p_.w13_base + static_cast<size_t>(e) * p_.w13->expert_bytes;
+      const uint8_t* expert = expert_of(task);
+      PrefetchRange pf_gate[2] = {}, pf_up[2] = {};
+      if (following < tasks) {
+        const int64_t j0 = (following % slices) * kSliceI, j1 = std::min(I, j0 + kSliceI);
+        rows_ranges(*p_.w13, expert_of(following), j0, j1, pf_gate);
+        rows_ranges(*p_.w13, expert_of(following), up + j0, up + j1, pf_up);
+      }
       for (int32_t j = s_.begin[e]; j < s_.begin[e + 1]; j += static_cast<int32_t>(tile)) {
         const int64_t m = std::min<int64_t>(tile, s_.begin[e + 1] - j);
         for (int64_t r = 0; r < m; ++r) {
@@ -287,16 +309,19 @@ class Worker {
         g.n_begin = i0;
         g.n_end = i1;
         g.c = cg;
+        if (j == s_.begin[e]) std::copy(pf_gate, pf_gate + 2, g.prefetch);
         p_.set->gemm(g);
-        g.n_begin = p_.w13->part_rows_padded + i0;  // the up part
-        g.n_end = p_.w13->part_rows_padded + i1;
+        g.n_begin = up + i0;
+        g.n_end = up + i1;
         g.c = cu;
+        if (j == s_.begin[e]) std::copy(pf_up, pf_up + 2, g.prefetch);
         p_.set->gemm(g);
         for (int64_t r = 0; r < m; ++r) {
           float* dst = s_.m + static_cast<size_t>(s_.order[j + r]) * s_.m_stride + i0;
           p_.set->activate(*p_.params, cg + r * kSliceI, cu + r * kSliceI, dst, i1 - i0);
         }
       }
+      task = following;
     }
   }
 
@@ -334,6 +359,11 @@ class Worker {
       for (int32_t ai = 0; ai < active_count_; ++ai) {
         const int32_t e = s_.active[ai];
         const uint8_t* expert = p_.w2_base + static_cast<size_t>(e) * p_.w2->expert_bytes;
+        PrefetchRange pf[2] = {};  // the next expert's rows of this slice
+        if (ai + 1 < active_count_)
+          rows_ranges(*p_.w2,
+                      p_.w2_base + static_cast<size_t>(s_.active[ai + 1]) * p_.w2->expert_bytes, h0,
+                      h1, pf);
         for (int32_t j = s_.begin[e]; j < s_.begin[e + 1]; j += static_cast<int32_t>(tile)) {
           const int64_t m = std::min<int64_t>(tile, s_.begin[e + 1] - j);
           for (int64_t r = 0; r < m; ++r) a[r] = s_.qm_rows[s_.order[j + r]];
@@ -346,6 +376,7 @@ class Worker {
           g.n_end = h1;
           g.c = c;
           g.c_stride = kSliceH;
+          if (j == s_.begin[e]) std::copy(pf, pf + 2, g.prefetch);
           p_.set->gemm(g);
           for (int64_t r = 0; r < m; ++r) {
             const int32_t pair = s_.order[j + r];

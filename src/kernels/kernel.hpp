@@ -37,6 +37,13 @@ struct QuantizeArgs {
 
 inline constexpr int64_t kMaxTileM = 8;  // upper bound of every kernel set's tile_m
 
+// A byte range to bring towards the L2 cache while a kernel computes (the weights of the next
+// task of the calling thread, so that its first tile does not wait for DRAM).
+struct PrefetchRange {
+  const uint8_t* begin = nullptr;
+  int64_t lines = 0;  // 64-byte lines
+};
+
 struct GemmArgs {
   int64_t m = 0;                    // activation rows, 1 <= m <= the kernel set's tile_m
   const QuantRow* a = nullptr;      // m rows
@@ -49,6 +56,9 @@ struct GemmArgs {
   float* c = nullptr;
   int64_t c_stride = 0;
   uint32_t flags = 0;  // zero (reserved)
+  // Optional: up to two ranges prefetched at about one line per 8 columns computed; kernels
+  // may ignore them (the portable set does).
+  PrefetchRange prefetch[2];
 };
 
 // c = recip * (SUM_b s[n,b] * SUM_{k in b} q[k] * w[n,k] - zp * correction[n]) + bias[n]

@@ -199,22 +199,16 @@ int bench_command(const BenchOptions& o) {
           check.max_rel_err <= kCheckBound ? "ok" : "FAILED", kCheckBound, check.max_abs_ref);
   }
 
-  const double bandwidth = measure_read_bandwidth(ctx.threads());
-  const double peak_macs = measure_peak_macs(kernel_set, ctx.threads());
-  if (!quiet) {
-    std::printf("read bandwidth probe: %.1f GB/s (median of 5, %d threads)\n", bandwidth / 1e9,
-                ctx.threads());
-    if (peak_macs > 0)
-      std::printf("int8 MAC peak probe (%s): %.1f GMAC/s (median of 5, %d threads)\n",
-                  kernel_set.c_str(), peak_macs / 1e9, ctx.threads());
-  }
-
-  std::vector<double> times_s, bytes;
+  // The machine's limits are probed between the timed runs, so that the limit and the product
+  // are measured in the same moments even when the machine's load drifts (it is shared).
+  std::vector<double> times_s, bytes, bandwidths, peaks;
   {
     Progress p("timing");
     run(routings[1]);  // warm-up: threads, scratch
     for (int r = 0; r < o.repeat; ++r) {
       const Routing& rt = routings[static_cast<size_t>(r + 1)];
+      bandwidths.push_back(measure_read_bandwidth(ctx.threads(), 1));
+      peaks.push_back(measure_peak_macs(kernel_set, ctx.threads(), 1));
       evict_caches();
       const auto t0 = std::chrono::steady_clock::now();
       run(rt);
@@ -224,6 +218,15 @@ int bench_command(const BenchOptions& o) {
       bytes.push_back(static_cast<double>(distinct.size() * expert_bytes));
       p.update(static_cast<double>(r + 1) / o.repeat);
     }
+  }
+  const double bandwidth = median(bandwidths);
+  const double peak_macs = median(peaks);
+  if (!quiet) {
+    std::printf("read bandwidth probe: %.1f GB/s (median of %d, %d threads, between the runs)\n",
+                bandwidth / 1e9, o.repeat, ctx.threads());
+    if (peak_macs > 0)
+      std::printf("int8 MAC peak probe (%s): %.1f GMAC/s (median of %d, %d threads)\n",
+                  kernel_set.c_str(), peak_macs / 1e9, o.repeat, ctx.threads());
   }
   const double med_s = median(times_s);
   const double min_s = *std::min_element(times_s.begin(), times_s.end());

@@ -6,13 +6,13 @@
 
 namespace w4a8moe::cli {
 
-// Streaming read bandwidth in bytes/s: `threads` threads each sum their part of a 1 GiB buffer;
-// median of `runs`.
+// Streaming read bandwidth in bytes/s: `threads` threads each sum their part of a 1 GiB buffer
+// (allocated once per process); median of `runs`.
 double measure_read_bandwidth(int threads, int runs = 5);
 
 // Peak int8 MAC rate (MAC/s) of a kernel set's core instructions on `threads` threads at once;
 // 0 when the set has no probe on this machine (e.g. the portable set).
-double measure_peak_macs(const std::string& kernel_set, int threads);
+double measure_peak_macs(const std::string& kernel_set, int threads, int runs = 5);
 
 // Reads twice the last-level cache's size of memory used nowhere else, so that the next timed
 // run starts with cold caches.

@@ -12,6 +12,7 @@
 
 #include <cstring>
 
+#include "kernels/common/prefetch.hpp"
 #include "kernels/x86_avx512vnni/avx512vnni_kernels.hpp"
 
 namespace w4a8moe::detail::avx512vnni {
@@ -54,7 +55,7 @@ inline __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t* p) {
 
 // Output rows [n0, n0 + 16 * NP) of the padded row space.
 template <int M, int NP>
-void tile(const GemmArgs& args, int64_t n0) {
+void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
   const Geometry& g = *args.geometry;
   const int64_t panel_bytes = kPanel * g.row_weight_bytes;
   const int64_t first_panel = n0 / kPanel;
@@ -67,8 +68,10 @@ void tile(const GemmArgs& args, int64_t n0) {
   const int8_t* q[M];
   for (int m = 0; m < M; ++m) q[m] = static_cast<const int8_t*>(args.a[m].data);
 
-  // Separate accumulators for the low and high nibble columns: 2 * M * NP independent
-  // `vpdpbusd` chains (peak needs about 8 in flight: latency 4, two per cycle).
+  // Small tiles keep separate accumulators for the low and high nibble columns, so that
+  // enough independent `vpdpbusd` chains are in flight (latency 4-5, two per cycle); large
+  // tiles have enough chains already and save the extra add per group.
+  constexpr bool kSplit = M * NP < 6;
   __m512 facc[M][NP];
   __m512i iacc[M][NP] = {};
   for (int m = 0; m < M; ++m)
@@ -85,23 +88,29 @@ void tile(const GemmArgs& args, int64_t n0) {
     }
     const uint8_t* wc = w + b * chunks_per_group * 64;
     const int64_t k_begin = b * g.group_len;
-    for (int64_t c = 0; c < chunks_per_group; ++c, wc += 64) {
+#pragma GCC unroll 4
+    for (int64_t c = 0; c < chunks_per_group; ++c) {
       __m512i lo[NP], hi[NP];
       for (int p = 0; p < NP; ++p) {
-        const __m512i raw = _mm512_loadu_si512(wc + p * panel_bytes);
+        const __m512i raw = _mm512_loadu_si512(wc + c * 64 + p * panel_bytes);
         lo[p] = _mm512_and_si512(raw, low4);
         hi[p] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
       }
       const int64_t k = k_begin + c * 8;
+      pf.step();
       for (int m = 0; m < M; ++m) {
         for (int p = 0; p < NP; ++p) {
           lo_acc[m][p] = dpbusd_bcast(lo_acc[m][p], lo[p], q[m] + k);
-          hi_acc[m][p] = dpbusd_bcast(hi_acc[m][p], hi[p], q[m] + k + 4);
+          if constexpr (kSplit)
+            hi_acc[m][p] = dpbusd_bcast(hi_acc[m][p], hi[p], q[m] + k + 4);
+          else
+            lo_acc[m][p] = dpbusd_bcast(lo_acc[m][p], hi[p], q[m] + k + 4);
         }
       }
     }
     for (int m = 0; m < M; ++m)
-      for (int p = 0; p < NP; ++p) iacc[m][p] = _mm512_add_epi32(lo_acc[m][p], hi_acc[m][p]);
+      for (int p = 0; p < NP; ++p)
+        iacc[m][p] = kSplit ? _mm512_add_epi32(lo_acc[m][p], hi_acc[m][p]) : lo_acc[m][p];
     if (!channelwise) {
       for (int p = 0; p < NP; ++p) {
         const __m512 s =
@@ -144,9 +153,10 @@ void tile(const GemmArgs& args, int64_t n0) {
 
 template <int M, int NP>
 void run(const GemmArgs& args) {
+  Prefetcher pf(args);
   int64_t n = args.n_begin;
-  for (; n + NP * kPanel <= args.n_end; n += NP * kPanel) tile<M, NP>(args, n);
-  for (; n < args.n_end; n += kPanel) tile<M, 1>(args, n);
+  for (; n + NP * kPanel <= args.n_end; n += NP * kPanel) tile<M, NP>(args, n, pf);
+  for (; n < args.n_end; n += kPanel) tile<M, 1>(args, n, pf);
 }
 
 }  // namespace

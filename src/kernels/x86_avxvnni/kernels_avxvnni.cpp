@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "kernels/common/activation_vec.hpp"
+#include "kernels/common/prefetch.hpp"
 #include "kernels/quant_params.hpp"
 #include "kernels/x86_ymm/ymm_kernels.hpp"
 
