@@ -80,10 +80,15 @@ std::vector<Named> original_grid() {
         s.x_dtype = dt;
         s.seed = ++seed;
         const std::string g = sh.group < 0 ? "cw" : std::to_string(sh.group);
-        out.push_back({"T" + std::to_string(tokens) + "_I" + std::to_string(sh.inter) + "_H" +
-                           std::to_string(sh.hidden) + "_E" + std::to_string(sh.experts) + "_K" +
-                           std::to_string(sh.top_k) + "_g" + g + "_" + w4a8moe::dtype_name(dt),
-                       s});
+        // Built with += (GCC 12 reports a false -Wrestrict for "literal" + std::string&&).
+        std::string name = "T";
+        name += std::to_string(tokens);
+        for (const auto& [tag, value] : {std::pair{"_I", sh.inter}, std::pair{"_H", sh.hidden},
+                                         std::pair{"_E", sh.experts}, std::pair{"_K", sh.top_k}})
+          (name += tag) += std::to_string(value);
+        ((name += "_g") += g) += "_";
+        name += w4a8moe::dtype_name(dt);
+        out.push_back({name, s});
       }
   return out;
 }

@@ -117,7 +117,12 @@ TEST(Numerics, F32ToSixteenBitMatchesReferenceInTheF16Range) {
   }
 }
 
-#ifdef __FLT16_MAX__
+#if defined(__aarch64__)  // GCC 12 has no _Float16 in C++ on AArch64; __fp16 is IEEE there
+#define W4A8MOE_COMPILER_F16 __fp16
+#elif defined(__FLT16_MAX__)
+#define W4A8MOE_COMPILER_F16 _Float16
+#endif
+#ifdef W4A8MOE_COMPILER_F16
 // A third opinion for f16: the compiler's own _Float16 conversion (IEEE round to nearest even).
 TEST(Numerics, ReferenceF16AgreesWithCompilerFloat16) {
   moe_test::Rng rng(99);
@@ -125,7 +130,7 @@ TEST(Numerics, ReferenceF16AgreesWithCompilerFloat16) {
     const uint32_t exponent = static_cast<uint32_t>(rng.integer(127 - 30, 127 + 16)) << 23;
     const uint32_t bits = (static_cast<uint32_t>(rng.next()) & 0x807fffffu) | exponent;
     const float f = std::bit_cast<float>(bits);
-    const auto h = static_cast<_Float16>(f);
+    const auto h = static_cast<W4A8MOE_COMPILER_F16>(f);
     ASSERT_EQ(moe_ref::f32_to_f16(f), std::bit_cast<uint16_t>(h)) << "f32 0x" << std::hex << bits;
     ASSERT_TRUE(same_float(moe_ref::f16_to_f32(std::bit_cast<uint16_t>(h)), static_cast<float>(h)));
   }

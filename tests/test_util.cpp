@@ -97,7 +97,6 @@ std::string describe(const CaseSpec& s) {
 FloatTensor make_float_tensor(const std::vector<float>& values, DType dtype) {
   FloatTensor t;
   t.dtype = dtype;
-  t.values.resize(values.size());
   if (dtype == DType::f32) {
     t.values = values;
     t.bytes.resize(values.size() * 4);
@@ -105,11 +104,12 @@ FloatTensor make_float_tensor(const std::vector<float>& values, DType dtype) {
     return t;
   }
   t.bytes.resize(values.size() * 2);
+  t.values.reserve(values.size());
   for (size_t i = 0; i < values.size(); ++i) {
     const uint16_t h =
         dtype == DType::bf16 ? moe_ref::f32_to_bf16(values[i]) : moe_ref::f32_to_f16(values[i]);
     std::memcpy(t.bytes.data() + 2 * i, &h, 2);
-    t.values[i] = dtype == DType::bf16 ? moe_ref::bf16_to_f32(h) : moe_ref::f16_to_f32(h);
+    t.values.push_back(dtype == DType::bf16 ? moe_ref::bf16_to_f32(h) : moe_ref::f16_to_f32(h));
   }
   return t;
 }

@@ -469,3 +469,31 @@ TEST_F(SpecialRows, RoundingTiesGoAwayFromZero) {
 }
 
 }  // namespace
+
+namespace {
+
+// ---- an empty batch
+// ------------------------------------------------------------------------------
+
+// T = 0 is a valid call (frameworks run layers on empty batches): no output, no error, and the
+// shapes are still checked.
+TEST_F(ForwardInput, EmptyBatchIsANoOp) {
+  Views v = views();
+  const int64_t H = case_.spec.hidden, K = case_.spec.top_k;
+  v.x.shape = {0, H, 0};
+  v.ids.shape = {0, K, 0};
+  v.weights.shape = {0, K, 0};
+  v.out.shape = {0, H, 0};
+  EXPECT_NO_THROW(call(v)());
+  EXPECT_NO_THROW(call_reference(v)());
+  for (float value : out_.to_float()) EXPECT_TRUE(std::isnan(value));  // untouched
+  v.ids.shape = {0, K + 1, 0};
+  expect_both_reject(v, {"topk_weights", "expected shape"});
+  const int64_t x_shape[] = {0, H}, ids_shape[] = {0, K};
+  const w4a8moe::OutputSpec spec =
+      w4a8moe::infer_output(x_shape, w4a8moe::DType::bf16, ids_shape, ids_shape);
+  EXPECT_EQ(spec.shape[0], 0);
+  EXPECT_EQ(spec.shape[1], H);
+}
+
+}  // namespace

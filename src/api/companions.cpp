@@ -55,8 +55,8 @@ OutputSpec infer_output(std::span<const int64_t> x_shape, DType x_dtype,
   };
   if (x_dtype != DType::f32 && x_dtype != DType::bf16 && x_dtype != DType::f16)
     throw Error(cat("x: expected dtype f32, bf16 or f16, got ", dtype_name(x_dtype)));
-  if (x_shape.size() != 2 || x_shape[0] < 1 || x_shape[1] < 1)
-    throw Error(cat("x: expected shape [T, H] with positive sizes, got ", str(x_shape)));
+  if (x_shape.size() != 2 || x_shape[0] < 0 || x_shape[1] < 1)
+    throw Error(cat("x: expected shape [T, H] with T >= 0 and H >= 1, got ", str(x_shape)));
   if (topk_ids_shape.size() != 2 || topk_ids_shape[0] != x_shape[0] || topk_ids_shape[1] < 1)
     throw Error(cat("topk_ids: expected shape [", x_shape[0], ", K], got ", str(topk_ids_shape)));
   if (topk_weights_shape.size() != 2 || topk_weights_shape[0] != topk_ids_shape[0] ||

@@ -241,7 +241,8 @@ class Worker {
         const int64_t base = (t0 + t) * x_stride;
         const float w = on_input ? router_weight(t0, r) : 1.0f;
         if (x.dtype == DType::f32 && !on_input) {
-          std::memcpy(row, static_cast<const float*>(x.data) + base, static_cast<size_t>(H) * 4);
+          std::memcpy(row, static_cast<const uint8_t*>(x.data) + base * 4,
+                      static_cast<size_t>(H) * 4);
         } else {
           for (int64_t h = 0; h < H; ++h) row[h] = load_float(x.data, x.dtype, base + h) * w;
         }
@@ -391,7 +392,7 @@ class Worker {
         const float* acc = s_.acc + t * H + h0;
         const int64_t base = (t0 + t) * out_stride + h0;
         if (out.dtype == DType::f32) {
-          std::memcpy(static_cast<float*>(out.data) + base, acc, static_cast<size_t>(w) * 4);
+          std::memcpy(static_cast<uint8_t*>(out.data) + base * 4, acc, static_cast<size_t>(w) * 4);
         } else {
           for (int64_t h = 0; h < w; ++h) store_float(out.data, out.dtype, base + h, acc[h]);
         }
@@ -429,6 +430,7 @@ void forward(Context& context, const TensorView& x, const TensorView& topk_ids,
   p.out = &out;
   p.params = &params;
 
+  if (p.s.tokens == 0) return;  // an empty batch: nothing to compute
   Context::Impl& impl = *context.impl_;
   const int threads = impl.pool.size();
   // Tokens per chunk: as many as fit the scratch target, at least 16, at most T.

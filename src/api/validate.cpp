@@ -58,11 +58,13 @@ void require_positive_dims(const TensorView& t, std::string_view name) {
 void check_activations(const TensorView& x, const TensorView& topk_ids,
                        const TensorView& topk_weights, int64_t hidden, int64_t experts,
                        const MutableTensorView& out, ForwardShape& s) {
-  require_data(x.data, "x");
+  // T = 0 (an empty batch) is valid: shapes are still checked, data pointers may be null.
+  const bool empty = x.rank == 2 && x.shape[0] == 0;
+  if (!empty) require_data(x.data, "x");
   require_float(x.dtype, "x");
   if (x.rank != 2) throw Error(cat("x: expected rank 2 [T, H], got shape ", shape_of(x)));
-  if (x.shape[0] < 1 || x.shape[1] < 1)
-    throw Error(cat("x: expected positive dimensions, got shape ", shape_of(x)));
+  if (x.shape[0] < 0 || x.shape[1] < 1)
+    throw Error(cat("x: expected shape [T, H] with T >= 0 and H >= 1, got shape ", shape_of(x)));
   if (x.shape[1] != hidden)
     throw Error(cat("x: expected ", hidden, " columns (the weights' hidden size), got shape ",
                     shape_of(x)));
@@ -70,7 +72,7 @@ void check_activations(const TensorView& x, const TensorView& topk_ids,
     throw Error(cat("x: expected a row stride >= ", x.shape[1], ", got ", x.row_stride));
   const int64_t tokens = x.shape[0];
 
-  require_data(topk_ids.data, "topk_ids");
+  if (!empty) require_data(topk_ids.data, "topk_ids");
   if (topk_ids.dtype != DType::i32 && topk_ids.dtype != DType::i64)
     throw Error(cat("topk_ids: expected dtype i32 or i64, got ", dtype_name(topk_ids.dtype)));
   if (topk_ids.rank != 2 || topk_ids.shape[0] != tokens || topk_ids.shape[1] < 1)
@@ -83,12 +85,12 @@ void check_activations(const TensorView& x, const TensorView& topk_ids,
     throw Error(cat("topk_ids: expected at most ", kMaxPairs, " (token, slot) pairs, got ", tokens,
                     " x ", top_k));
 
-  require_data(topk_weights.data, "topk_weights");
+  if (!empty) require_data(topk_weights.data, "topk_weights");
   require_float(topk_weights.dtype, "topk_weights");
   require_shape(topk_weights, {tokens, top_k}, "topk_weights");
   require_contiguous(topk_weights, "topk_weights");
 
-  require_data(out.data, "out");
+  if (!empty) require_data(out.data, "out");
   if (out.dtype != x.dtype)
     throw Error(cat("out: expected dtype ", dtype_name(x.dtype), " (the dtype of x), got ",
                     dtype_name(out.dtype)));
@@ -97,6 +99,10 @@ void check_activations(const TensorView& x, const TensorView& topk_ids,
                     shape_string(out.rank, out.shape)));
   if (out.row_stride != 0 && out.row_stride < hidden)
     throw Error(cat("out: expected a row stride >= ", hidden, ", got ", out.row_stride));
+
+  s.tokens = tokens;
+  s.top_k = top_k;
+  if (empty) return;
 
   // out must not overlap the inputs: rows of x are read after rows of out are written.
   const auto range = [](const void* p, int64_t rows, int64_t stride, int64_t cols, DType d) {
@@ -122,8 +128,6 @@ void check_activations(const TensorView& x, const TensorView& topk_ids,
       throw Error(cat("topk_ids: expected expert ids in [0, ", experts, "), got ", e, " at token ",
                       i / top_k, ", slot ", i % top_k));
   }
-  s.tokens = tokens;
-  s.top_k = top_k;
 }
 
 }  // namespace

@@ -58,35 +58,41 @@ inline uint16_t f32_to_f16(float f) noexcept {
   return static_cast<uint16_t>(sign | static_cast<uint16_t>(v >> 13));
 }
 
-// Element i of a float tensor of dtype f32, bf16 or f16, as f32.
+// Element i of a float tensor of dtype f32, bf16 or f16, as f32. Reads through memcpy: tensors
+// and packed buffers handed in by callers need not be aligned.
 inline float load_float(const void* base, DType dtype, int64_t i) noexcept {
-  switch (dtype) {
-    case DType::bf16:
-      return bf16_to_f32(static_cast<const uint16_t*>(base)[i]);
-    case DType::f16:
-      return f16_to_f32(static_cast<const uint16_t*>(base)[i]);
-    default:
-      return static_cast<const float*>(base)[i];
+  const auto* bytes = static_cast<const unsigned char*>(base);
+  if (dtype == DType::bf16 || dtype == DType::f16) {
+    uint16_t h;
+    std::memcpy(&h, bytes + i * 2, 2);
+    return dtype == DType::bf16 ? bf16_to_f32(h) : f16_to_f32(h);
   }
+  float f;
+  std::memcpy(&f, bytes + i * 4, 4);
+  return f;
 }
 
 inline void store_float(void* base, DType dtype, int64_t i, float v) noexcept {
-  switch (dtype) {
-    case DType::bf16:
-      static_cast<uint16_t*>(base)[i] = f32_to_bf16(v);
-      break;
-    case DType::f16:
-      static_cast<uint16_t*>(base)[i] = f32_to_f16(v);
-      break;
-    default:
-      static_cast<float*>(base)[i] = v;
+  auto* bytes = static_cast<unsigned char*>(base);
+  if (dtype == DType::bf16 || dtype == DType::f16) {
+    const uint16_t h = dtype == DType::bf16 ? f32_to_bf16(v) : f32_to_f16(v);
+    std::memcpy(bytes + i * 2, &h, 2);
+    return;
   }
+  std::memcpy(bytes + i * 4, &v, 4);
 }
 
 // Element i of an integer tensor of dtype i32 or i64.
 inline int64_t load_index(const void* base, DType dtype, int64_t i) noexcept {
-  return dtype == DType::i64 ? static_cast<const int64_t*>(base)[i]
-                             : int64_t{static_cast<const int32_t*>(base)[i]};
+  const auto* bytes = static_cast<const unsigned char*>(base);
+  if (dtype == DType::i64) {
+    int64_t v;
+    std::memcpy(&v, bytes + i * 8, 8);
+    return v;
+  }
+  int32_t v;
+  std::memcpy(&v, bytes + i * 4, 4);
+  return v;
 }
 
 inline bool is_float_dtype(DType d) noexcept {

@@ -134,10 +134,11 @@ QuantRow quant_row(std::span<const float> a) {
   const float hi = mx * s;
   const float zf = ((-128.0f + lo) + (127.0f + hi) > 0.0f) ? (-128.0f - lo) : (127.0f - hi);
   r.zero_point_f = zf;
-  r.zp = static_cast<int32_t>(round_half_even(std::clamp(zf, -128.0f, 127.0f)));
+  r.zp =
+      static_cast<int32_t>(round_half_even(static_cast<double>(std::clamp(zf, -128.0f, 127.0f))));
   for (size_t k = 0; k < a.size(); ++k) {
     const float scaled = a[k] * s;  // one f32 product
-    const int64_t q = static_cast<int64_t>(round_half_away(scaled)) + r.zp;
+    const int64_t q = static_cast<int64_t>(round_half_away(static_cast<double>(scaled))) + r.zp;
     r.q[k] = static_cast<int32_t>(std::clamp<int64_t>(q, -128, 127));
   }
   return r;
@@ -320,7 +321,8 @@ ExactResult exact_forward(const Problem& p, const ExactOptions& options) {
       for (int64_t i = 0; i < I; ++i) {
         double gate = h[i], up = h[I + i];
         if (options.swap_gate_up) std::swap(gate, up);
-        const double v = activation(p.activation, gate, up, p.alpha, p.limit);
+        const double v = activation(p.activation, gate, up, static_cast<double>(p.alpha),
+                                    static_cast<double>(p.limit));
         m[i] = static_cast<float>(v);
         exact[i] = static_cast<double>(m[i]) == v;
       }
@@ -393,7 +395,8 @@ std::vector<double> float_forward(const Problem& p) {
         if (!p.w13_bias.empty()) h[n] += static_cast<double>(p.w13_bias[row]);
       }
       for (int64_t i = 0; i < I; ++i)
-        m[i] = activation(p.activation, h[i], h[I + i], p.alpha, p.limit);
+        m[i] = activation(p.activation, h[i], h[I + i], static_cast<double>(p.alpha),
+                          static_cast<double>(p.limit));
       for (int64_t n = 0; n < H; ++n) {
         const int64_t row = e * H + n;
         double y =
