@@ -7,14 +7,14 @@
 namespace w4a8moe::detail {
 
 namespace avxvnni {
-inline constexpr int64_t kTileM = 4;
+inline constexpr int64_t kTileM = 5;  // 10 vpdpbusd chains: enough in flight for peak
 void quantize_qa8(const QuantizeArgs& args);
 void gemm_qa8_qu4p8(const GemmArgs& args);
 void activate(const MoeParams& params, const float* gate, const float* up, float* m, int64_t n);
 }  // namespace avxvnni
 
 namespace avx2 {
-inline constexpr int64_t kTileM = 4;
+inline constexpr int64_t kTileM = 5;
 void quantize_qa8(const QuantizeArgs& args);
 void gemm_qa8_qu4p8(const GemmArgs& args);
 void activate(const MoeParams& params, const float* gate, const float* up, float* m, int64_t n);
