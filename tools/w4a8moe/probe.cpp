@@ -32,11 +32,11 @@ volatile uint64_t g_sink;
 uint64_t sum_range(const uint64_t* p, size_t n) {
   uint64_t a = 0, b = 0, c = 0, d = 0;
   size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    a += p[i];
-    b += p[i + 1];
-    c += p[i + 2];
-    d += p[i + 3];
+  for (; i + 8 <= n; i += 8) {
+    a += p[i] + p[i + 4];
+    b += p[i + 1] + p[i + 5];
+    c += p[i + 2] + p[i + 6];
+    d += p[i + 3] + p[i + 7];
   }
   for (; i < n; ++i) a += p[i];
   return a + b + c + d;
@@ -80,7 +80,7 @@ double macs_avx2(int64_t iters);
 }  // namespace x86
 #endif
 
-double measure_peak_macs(const std::string& kernel_set, int threads, int runs) {
+double measure_peak_macs([[maybe_unused]] const std::string& kernel_set, int threads, int runs) {
   double (*probe)(int64_t) = nullptr;
 #if defined(__x86_64__)
   const auto& f = w4a8moe::cpu_features();
@@ -120,6 +120,24 @@ size_t eviction_bytes() {
     llc = std::max(llc, value);
   }
   return std::clamp<size_t>(2 * llc, size_t{64} << 20, size_t{2} << 30);
+}
+
+void flush_from_caches(const void* data, size_t bytes) {
+  const auto* p = static_cast<const char*>(data);
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63};
+  const uintptr_t end = reinterpret_cast<uintptr_t>(p) + bytes;
+#if defined(__x86_64__)
+  for (uintptr_t a = begin; a < end; a += 64)
+    __builtin_ia32_clflush(reinterpret_cast<const void*>(a));
+  __builtin_ia32_mfence();
+#elif defined(__aarch64__)
+  for (uintptr_t a = begin; a < end; a += 64) __asm__ volatile("dc civac, %0" ::"r"(a) : "memory");
+  __asm__ volatile("dsb ish" ::: "memory");
+#else
+  (void)begin;
+  (void)end;
+  evict_caches();
+#endif
 }
 
 void evict_caches() {

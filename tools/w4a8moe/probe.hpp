@@ -2,6 +2,7 @@
 // benchmark's figures can be reported as a fraction of them.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace w4a8moe::cli {
@@ -13,6 +14,11 @@ double measure_read_bandwidth(int threads, int runs = 5);
 // Peak int8 MAC rate (MAC/s) of a kernel set's core instructions on `threads` threads at once;
 // 0 when the set has no probe on this machine (e.g. the portable set).
 double measure_peak_macs(const std::string& kernel_set, int threads, int runs = 5);
+
+// Writes back and drops every cache line of [data, data + bytes) from all cache levels
+// (clflush on x86, dc civac on AArch64): the next read of it comes from DRAM. The way to make
+// a benchmark's weights cold on machines whose last-level cache holds most of a layer.
+void flush_from_caches(const void* data, size_t bytes);
 
 // Reads twice the last-level cache's size of memory used nowhere else, so that the next timed
 // run starts with cold caches.
