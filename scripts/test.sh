@@ -1,9 +1,34 @@
 #!/usr/bin/env bash
-# Every test: install what is missing, build everything with warnings as errors, run CTest.
+# Every test: install what is missing, build everything with warnings as errors, run CTest,
+# then the PyTorch binding's pytest suite (torch stage).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install-deps.sh
+scripts/install-deps.sh --torch
 jobs="$(nproc)"
-cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Release -DW4A8MOE_WERROR=ON >/dev/null
+cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Release -DW4A8MOE_WERROR=ON \
+  -DW4A8MOE_BUILD_TORCH=ON >/dev/null
 cmake --build build-test -j"$jobs"
-ctest --test-dir build-test --output-on-failure -j"$jobs"
+ctest --test-dir build-test --output-on-failure -j"$jobs" -LE torch  # torch: the stage below
+
+# ---- torch stage (issue 5): the PyTorch binding's pytest suite, with Debian's torch ----------
+echo "== torch stage: pytest python/tests with /usr/bin/python3 =="
+PYTHONPATH="$PWD/build-test/python" W4A8MOE_CLI="$PWD/build-test/w4a8moe" \
+  /usr/bin/python3 -m pytest -q -p no:cacheprovider python/tests
+# ---- end torch stage
+
+# ---- Arm stage (issue 4): cross build for AArch64, its CTest suites under qemu-aarch64 -------
+# One run per Arm kernel set on an emulated CPU with just its features, and the Arm program
+# compared with build-test's x86 program on the same case files (tests/arm).
+arm_stage() {
+  local start=$SECONDS
+  echo "== Arm stage: cross build for aarch64-linux-gnu, tests under qemu-aarch64 =="
+  scripts/install-deps.sh --arm
+  cmake -S . -B build-test-aarch64 -DCMAKE_TOOLCHAIN_FILE=cmake/toolchains/aarch64-linux-gnu.cmake \
+    -DCMAKE_BUILD_TYPE=Release -DW4A8MOE_WERROR=ON -DW4A8MOE_BUILD_BENCH=OFF \
+    -DW4A8MOE_BUILD_TORCH=OFF -DW4A8MOE_HOST_BUILD_DIR="$PWD/build-test" >/dev/null
+  cmake --build build-test-aarch64 -j"$jobs"
+  ctest --test-dir build-test-aarch64 --output-on-failure -j"$jobs"
+  echo "== Arm stage: $((SECONDS - start)) s =="
+}
+arm_stage
+# ---- end Arm stage

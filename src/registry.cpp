@@ -11,6 +11,9 @@
 #include "kernels/x86_avx512vnni/avx512vnni_kernels.hpp"
 #include "kernels/x86_ymm/ymm_kernels.hpp"
 #endif
+#if defined(__aarch64__)  // Arm kernel sets (issue 4)
+#include "kernels/arm_neon/arm_kernels.hpp"
+#endif
 
 namespace w4a8moe::detail {
 
@@ -24,6 +27,10 @@ bool always(const CpuFeatures&) { return true; }
   return f.avxvnni && f.avx2 && f.fma && f.f16c;
 }
 [[maybe_unused]] bool has_avx2(const CpuFeatures& f) { return f.avx2 && f.fma && f.f16c; }
+// Arm (issue 4): every i8mm core also has the dot product (both mandatory from Armv8.6).
+[[maybe_unused]] bool has_neon(const CpuFeatures& f) { return f.neon; }
+[[maybe_unused]] bool has_dotprod(const CpuFeatures& f) { return f.neon && f.dotprod; }
+[[maybe_unused]] bool has_i8mm(const CpuFeatures& f) { return f.neon && f.dotprod && f.i8mm; }
 
 // Best first. ISA-specific sets go above the portable one.
 constexpr KernelSet kTable[] = {
@@ -34,6 +41,14 @@ constexpr KernelSet kTable[] = {
      avxvnni::gemm_qa8_qu4p8, avxvnni::activate},
     {"avx2", LayoutId::qu4_p8k8, avx2::kTileM, true, has_avx2, avx2::quantize_qa8,
      avx2::gemm_qa8_qu4p8, avx2::activate},
+#endif
+#if defined(__aarch64__)  // Arm kernel sets (issue 4); one quantizer for the three
+    {"neoni8mm", LayoutId::qu4_p8k16, neoni8mm::kTileM, true, has_i8mm, neon::quantize_qa8,
+     neoni8mm::gemm_qa8_qu4p8k16, neoni8mm::activate},
+    {"neondot", LayoutId::qu4_p8k8, neondot::kTileM, true, has_dotprod, neon::quantize_qa8,
+     neondot::gemm_qa8_qu4p8, neondot::activate},
+    {"neon", LayoutId::qu4_p8k8, neon::kTileM, true, has_neon, neon::quantize_qa8,
+     neon::gemm_qa8_qu4p8, neon::activate},
 #endif
     {"scalar", LayoutId::qs4_b32_rowmajor, ref::kTileM, false, always, ref::quantize_qa8,
      ref::gemm_qa8_qs4b32, ref::activate},

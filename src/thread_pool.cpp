@@ -39,7 +39,15 @@ void SpinBarrier::arrive_and_wait() noexcept {
 
 ThreadPool::ThreadPool(int threads) : size_(threads < 1 ? 1 : threads), sync_(size_) {
   threads_.reserve(static_cast<size_t>(size_ - 1));
-  for (int i = 1; i < size_; ++i) threads_.emplace_back(&ThreadPool::worker, this, i);
+  try {
+    for (int i = 1; i < size_; ++i) threads_.emplace_back(&ThreadPool::worker, this, i);
+  } catch (...) {  // issue 6: the system refused a thread; stop the started ones, then report
+    stop_.store(true, std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
+    generation_.notify_all();
+    for (auto& t : threads_) t.join();
+    throw;
+  }
 }
 
 ThreadPool::~ThreadPool() {

@@ -112,6 +112,9 @@ struct PackOptions {
   ScaleStorage scale_storage = ScaleStorage::as_given;
   // Kernel set whose layout to pack for; empty = the set forward() will pick on this CPU.
   std::string kernel_set;
+  // ---- resource limits (issue 6): the packer refuses (Error) to allocate a packed buffer larger
+  // than this many bytes (the buffer is about the size of the int4 weights given, plus scales).
+  size_t memory_limit = SIZE_MAX;
 };
 
 // What a packed buffer says about itself (decoded and checked header).
@@ -184,6 +187,16 @@ class Context {
   int threads() const noexcept;
   // Bytes of scratch memory currently held.
   size_t scratch_bytes() const noexcept;
+  // ---- resource limits (issue 6) -------------------------------------------------------------
+  // The most scratch memory forward() may hold (default kDefaultMemoryLimit). Tokens are processed
+  // in chunks that fit; a call whose need for a single token exceeds the limit throws Error
+  // naming the limit and the need, before allocating. Lowering the limit releases a larger
+  // scratch at the next call. README "Resource limits" gives the scratch as a function of T, K,
+  // H, I and the thread count.
+  static constexpr size_t kDefaultMemoryLimit = size_t{1} << 30;
+  void set_memory_limit(size_t bytes) noexcept;
+  size_t memory_limit() const noexcept;
+  // ---- end resource limits -------------------------------------------------------------------
 
   struct Impl;
 
@@ -262,6 +275,88 @@ struct QuantizedWeights {
 // w: [E, N, K] f32/bf16/f16. group_size -1 or a positive divisor of K.
 QuantizedWeights quantize_weights(const TensorView& w, int group_size,
                                   QuantRule rule = QuantRule::absmax7);
+
+// ---------------------------------------------------------------------------------------------
+// Packed weight files (issue 6)
+//
+// A file holding one layer's two packed buffers, so later runs map it instead of repacking:
+// a 4096-byte header (magic, file version, packed format version, layout, shapes, group size,
+// the payload's size and XXH64 checksum, optional model settings, the header's own checksum),
+// then the w13 and w2 buffers at 4096-byte aligned offsets. Little-endian.
+
+inline constexpr uint32_t kPackedFileVersion = 1;
+
+// Settings of the model the weights came from, recorded for tools (`w4a8moe bench --packed`);
+// forward() never reads them.
+struct PackedFileMeta {
+  bool has_params = false;
+  MoeParams params;   // when has_params
+  int64_t top_k = 0;  // 0: unknown
+};
+
+struct PackedFileInfo {
+  uint32_t file_version = 0;
+  PackedInfo w13, w2;  // the two buffers' headers (layout, format version, shapes, ...)
+  int64_t experts = 0, hidden = 0, inter = 0;
+  int group_size = -1;
+  size_t file_bytes = 0;
+  uint64_t checksum = 0;           // XXH64 (seed 0) of the bytes after the header
+  bool checksum_verified = false;  // false when opened with verify_checksum = false
+  bool mapped = false;             // memory-mapped (else copied into memory)
+  PackedFileMeta meta;
+};
+
+struct PackedFileOptions {
+  // Hash the whole payload before use: one sequential pass over the file (several GB/s; also
+  // brings the pages into memory). Headers and shapes are checked either way.
+  bool verify_checksum = true;
+  // Read the file into memory instead of mapping it: costs its size in memory, but later changes
+  // to the file (writes, truncation) cannot reach the loaded weights.
+  bool copy = false;
+  // copy only: refuse (Error) a file larger than this many bytes before allocating.
+  size_t memory_limit = SIZE_MAX;
+};
+
+// Writes w13 and w2 (checked as forward() checks them: roles, shapes, group size, layout) to
+// `path` so that a crash never leaves a partial file under that name: the bytes go to an unnamed
+// (or temporary) file in the same directory, which is fsynced, then renamed over `path`, and the
+// directory is fsynced. Throws Error naming the path and the failing step.
+void save_packed(const std::string& path, std::span<const uint8_t> w13_packed,
+                 std::span<const uint8_t> w2_packed, const PackedFileMeta& meta = {});
+
+// A packed weight file, opened and verified: magic, versions, header checksum, offsets and sizes
+// against the file, the payload checksum, both buffers' headers, that w13 and w2 belong together,
+// and that a kernel set usable on this CPU (within the ISA cap) reads their layout. Every
+// failure throws Error naming the file and the problem, before any weight is used.
+//
+// Mapped files (the default): the mapping is private and read-only, and the checks run on the
+// mapped bytes themselves. The file must not be modified in place or truncated while it is open:
+// on Linux later writes show through the mapping, and reading a page past a truncated end raises
+// SIGBUS, which no library can prevent for a regular file. Replacing the file is safe
+// (save_packed renames a new file over the old one; the mapping keeps the old contents).
+// Use PackedFileOptions::copy to be immune to any change.
+class PackedFile {
+ public:
+  PackedFile();
+  static PackedFile open(const std::string& path, const PackedFileOptions& options = {});
+  ~PackedFile();
+  PackedFile(PackedFile&&) noexcept;
+  PackedFile& operator=(PackedFile&&) noexcept;
+  PackedFile(const PackedFile&) = delete;
+  PackedFile& operator=(const PackedFile&) = delete;
+
+  // The packed buffers, valid while this object lives (64-byte aligned).
+  std::span<const uint8_t> w13() const noexcept;
+  std::span<const uint8_t> w2() const noexcept;
+  const PackedFileInfo& info() const noexcept;
+  const std::string& path() const noexcept;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+// ---- end packed weight files ----------------------------------------------------------------
 
 // ---------------------------------------------------------------------------------------------
 // CPU and kernel sets

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <system_error>
 #include <thread>
 
 #include "api/validate.hpp"
@@ -65,12 +66,15 @@ struct Context::Impl {
   detail::ThreadPool pool;
   std::unique_ptr<uint8_t, detail::AlignedFree> arena;
   size_t arena_bytes = 0;
+  size_t memory_limit = Context::kDefaultMemoryLimit;  // issue 6
 
   uint8_t* reserve(size_t bytes) {
     if (bytes > arena_bytes) {
       arena.reset();
       auto* p = static_cast<uint8_t*>(std::aligned_alloc(64, detail::align64(bytes)));
-      if (p == nullptr) throw std::bad_alloc();
+      if (p == nullptr)  // issue 6: a message, not std::bad_alloc
+        throw Error(detail::cat("context: cannot allocate ", detail::align64(bytes),
+                                " bytes of scratch memory"));
       arena.reset(p);
       arena_bytes = detail::align64(bytes);
     }
@@ -83,7 +87,16 @@ Context::Context(int threads) {
     throw Error(detail::cat("threads: expected 0 (all hardware threads) or a positive count, got ",
                             threads));
   if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  impl_ = std::make_unique<Impl>(threads);
+  // ---- resource limits (issue 6): a bounded pool, and a message when the system refuses threads
+  constexpr int kMaxThreads = 4096;
+  if (threads > kMaxThreads)
+    throw Error(detail::cat("threads: expected at most ", kMaxThreads, ", got ", threads));
+  try {
+    impl_ = std::make_unique<Impl>(threads);
+  } catch (const std::system_error& e) {
+    throw Error(detail::cat("threads: cannot start ", threads, " threads (", e.what(), ")"));
+  }
+  // ---- end resource limits
 }
 
 Context::~Context() = default;
@@ -91,6 +104,10 @@ Context::~Context() = default;
 int Context::threads() const noexcept { return impl_->pool.size(); }
 
 size_t Context::scratch_bytes() const noexcept { return impl_->arena_bytes; }
+
+void Context::set_memory_limit(size_t bytes) noexcept { impl_->memory_limit = bytes; }
+
+size_t Context::memory_limit() const noexcept { return impl_->memory_limit; }
 
 namespace detail {
 namespace {
@@ -438,6 +455,29 @@ void forward(Context& context, const TensorView& x, const TensorView& topk_ids,
   p.chunk_tokens =
       std::clamp<int64_t>(static_cast<int64_t>(kChunkScratch / per_token), 16, p.s.tokens);
   Layout layout = plan(p, p.chunk_tokens, threads);
+  // ---- resource limits (issue 6): fewer tokens per chunk when the scratch would exceed the
+  // context's limit (the result is the same bits: tokens are independent); refuse when even one
+  // token does not fit. plan() is monotonic in the chunk size.
+  if (layout.total > impl.memory_limit) {
+    const Layout one = plan(p, 1, threads);
+    if (one.total > impl.memory_limit)
+      throw Error(cat("context: the call needs ", one.total, " bytes of scratch memory (one token: H ",
+                      p.s.hidden, ", I ", p.s.inter, ", K ", p.s.top_k, ", ", threads,
+                      " threads), more than the memory limit of ", impl.memory_limit,
+                      " bytes; raise it with Context::set_memory_limit"));
+    int64_t lo = 1, hi = p.chunk_tokens - 1;  // lo fits, hi + 1 does not
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo + 1) / 2;
+      if (plan(p, mid, threads).total <= impl.memory_limit) lo = mid; else hi = mid - 1;
+    }
+    p.chunk_tokens = lo;
+    layout = plan(p, p.chunk_tokens, threads);
+  }
+  if (impl.arena_bytes > impl.memory_limit) {  // the limit was lowered since the arena grew
+    impl.arena.reset();
+    impl.arena_bytes = 0;
+  }
+  // ---- end resource limits
   bind(layout, impl.reserve(layout.total));
 
   std::atomic<int64_t> counters[3];

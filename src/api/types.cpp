@@ -122,7 +122,8 @@ PackedWeights PackedWeights::allocate(size_t bytes) {
   if (rounded < bytes) throw Error("PackedWeights: size overflow");
   auto* p = static_cast<uint8_t*>(
       std::aligned_alloc(detail::kAlign, rounded == 0 ? detail::kAlign : rounded));
-  if (p == nullptr) throw std::bad_alloc();
+  if (p == nullptr)  // issue 6: a message naming the need, not std::bad_alloc
+    throw Error(detail::cat("PackedWeights: cannot allocate ", rounded, " bytes"));
   std::fill(p, p + rounded, uint8_t{0});
   w.data_.reset(p);
   w.size_ = bytes;

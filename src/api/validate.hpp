@@ -26,9 +26,22 @@ WeightInput check_weight_input(const TensorView& w, const TensorView& scale, con
 
 void check_params(const MoeParams& params);
 
+// Issue 6: throws Error naming `name` unless the bytes the tensor spans ((rows - 1) * stride +
+// last dimension, times the element size) can be counted without overflow and fit in the address
+// space from its data pointer. Negative dimensions pass here (other checks name them).
+void require_addressable(const void* data, DType dtype, int rank,
+                         const std::array<int64_t, 3>& shape, int64_t stride,
+                         std::string_view name);
+void require_addressable(const TensorView& t, std::string_view name);
+
 struct ForwardShape {
   int64_t tokens = 0, hidden = 0, inter = 0, experts = 0, top_k = 0;
 };
+
+// The two packed buffers of a layer belong together: roles, shapes, group size, layout. Returns
+// experts, hidden and inter.
+ForwardShape check_packed_pair(const Geometry& w13, const Geometry& w2, std::string_view w13_name,
+                               std::string_view w2_name);
 
 // Checks x, ids, weights and out against each other and the packed geometries, every id in
 // range, the params. Throws Error on the first problem.

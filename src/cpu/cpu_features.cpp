@@ -9,6 +9,15 @@
 #elif defined(__aarch64__) && defined(__linux__)
 #include <asm/hwcap.h>
 #include <sys/auxv.h>
+// Bits of the Linux AArch64 ABI, for kernel headers older than the features (issue 4).
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+#ifndef HWCAP2_I8MM
+#define HWCAP2_I8MM (1 << 13)
+#endif
+#elif defined(__aarch64__) && defined(__APPLE__)
+#include <sys/sysctl.h>
 #endif
 
 namespace w4a8moe {
@@ -49,6 +58,14 @@ void detect_x86(CpuFeatures& f) {
 }
 #endif
 
+#if defined(__aarch64__) && defined(__APPLE__)
+bool apple_feature(const char* name) {
+  int value = 0;
+  size_t size = sizeof value;
+  return sysctlbyname(name, &value, &size, nullptr, 0) == 0 && value != 0;
+}
+#endif
+
 #if defined(__aarch64__)
 void detect_arm(CpuFeatures& f) {
   f.arch = "aarch64";
@@ -69,6 +86,10 @@ void detect_arm(CpuFeatures& f) {
   f.bf16 = (hw2 & HWCAP2_BF16) != 0;
 #endif
   (void)hw2;
+#elif defined(__APPLE__)
+  f.dotprod = apple_feature("hw.optional.arm.FEAT_DotProd");
+  f.i8mm = apple_feature("hw.optional.arm.FEAT_I8MM");
+  f.bf16 = apple_feature("hw.optional.arm.FEAT_BF16");
 #endif
 }
 #endif

@@ -203,6 +203,78 @@ std::optional<float> parse_float(std::string_view text) {
   return value;
 }
 
+struct ParsedHeader {
+  uint64_t data_begin = 0;  // file offset of the data region
+  std::vector<ParsedEntry> entries;
+  Metadata metadata;
+};
+
+using ReadExact = std::function<void(void* dst, uint64_t offset, uint64_t bytes, const char* what)>;
+
+// Reads the header length and the JSON header through `read_exact` and checks every entry
+// against the file (shared by the copying reader and the mapped one).
+ParsedHeader parse_header(const std::string& path, uint64_t file_bytes,
+                          const ReadExact& read_exact) {
+  uint8_t length_bytes[8];
+  read_exact(length_bytes, 0, 8, "the header length");
+  uint64_t header_bytes = 0;
+  for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | length_bytes[i];
+  if (header_bytes < 2)
+    fail(path, cat("header length ", header_bytes, " is too small for a JSON object"));
+  if (header_bytes > kMaxHeaderBytes)
+    fail(path,
+         cat("header length ", header_bytes, " exceeds the limit of ", kMaxHeaderBytes, " bytes"));
+  if (header_bytes > file_bytes - 8)
+    fail(path, cat("header length ", header_bytes, " runs past the end of the file (", file_bytes,
+                   " bytes)"));
+  const uint64_t data_begin = 8 + header_bytes;
+  const uint64_t data_bytes = file_bytes - data_begin;
+
+  std::string header_text(static_cast<size_t>(header_bytes), '\0');
+  read_exact(header_text.data(), 8, header_bytes, "the JSON header");
+  // nlohmann stops at a NUL byte as at the end of input: reject it, or the rest would be ignored.
+  if (const size_t nul = header_text.find('\0'); nul != std::string::npos)
+    fail(path,
+         cat("the header is not valid JSON (a NUL byte at byte ", nul, " of ", header_bytes, ")"));
+  json header;
+  try {
+    header = json::parse(header_text);
+  } catch (const json::parse_error& e) {
+    fail(path,
+         cat("the header is not valid JSON (error at byte ", e.byte, " of ", header_bytes, ")"));
+  }
+  if (!header.is_object())
+    fail(path, cat("the header is not a JSON object but ", json_excerpt(header)));
+
+  ParsedHeader out;
+  out.data_begin = data_begin;
+  std::vector<ParsedEntry>& entries = out.entries;
+  for (const auto& [key, value] : header.items()) {
+    if (key == "__metadata__") {
+      out.metadata = parse_metadata(path, value);
+    } else {
+      entries.push_back(parse_entry(path, key, value, data_bytes));
+    }
+  }
+  // Tensors may not share bytes (as in the reference implementation): without this check a small
+  // file could name the same bytes many times over and make the reader allocate without bound.
+  std::vector<const ParsedEntry*> by_offset;
+  for (const ParsedEntry& e : entries)
+    if (e.entry.size_bytes > 0) by_offset.push_back(&e);
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const ParsedEntry* a, const ParsedEntry* b) { return a->begin < b->begin; });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const ParsedEntry& prev = *by_offset[i - 1];
+    const ParsedEntry& cur = *by_offset[i];
+    if (cur.begin < prev.begin + prev.entry.size_bytes)
+      fail(path, cat("tensor '", short_text(cur.name), "' (bytes ", cur.begin, " to ",
+                     cur.begin + cur.entry.size_bytes, ") overlaps tensor '", short_text(prev.name),
+                     "' (bytes ", prev.begin, " to ", prev.begin + prev.entry.size_bytes,
+                     ") in the data region"));
+  }
+  return out;
+}
+
 }  // namespace
 
 const char* safetensors_dtype_name(DType dtype) noexcept {
@@ -245,63 +317,12 @@ SafetensorsFile SafetensorsFile::read(const std::string& path) {
       fail(path, cat("could not read ", what, " (", bytes, " bytes at offset ", offset, ")"));
   };
 
-  uint8_t length_bytes[8];
-  read_exact(length_bytes, 0, 8, "the header length");
-  uint64_t header_bytes = 0;
-  for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | length_bytes[i];
-  if (header_bytes < 2)
-    fail(path, cat("header length ", header_bytes, " is too small for a JSON object"));
-  if (header_bytes > kMaxHeaderBytes)
-    fail(path,
-         cat("header length ", header_bytes, " exceeds the limit of ", kMaxHeaderBytes, " bytes"));
-  if (header_bytes > file_bytes - 8)
-    fail(path, cat("header length ", header_bytes, " runs past the end of the file (", file_bytes,
-                   " bytes)"));
-  const uint64_t data_begin = 8 + header_bytes;
-  const uint64_t data_bytes = file_bytes - data_begin;
-
-  std::string header_text(static_cast<size_t>(header_bytes), '\0');
-  read_exact(header_text.data(), 8, header_bytes, "the JSON header");
-  // nlohmann stops at a NUL byte as at the end of input: reject it, or the rest would be ignored.
-  if (const size_t nul = header_text.find('\0'); nul != std::string::npos)
-    fail(path,
-         cat("the header is not valid JSON (a NUL byte at byte ", nul, " of ", header_bytes, ")"));
-  json header;
-  try {
-    header = json::parse(header_text);
-  } catch (const json::parse_error& e) {
-    fail(path,
-         cat("the header is not valid JSON (error at byte ", e.byte, " of ", header_bytes, ")"));
-  }
-  if (!header.is_object())
-    fail(path, cat("the header is not a JSON object but ", json_excerpt(header)));
-
+  ParsedHeader parsed = parse_header(path, file_bytes, read_exact);
   SafetensorsFile file;
   file.path_ = path;
-  std::vector<ParsedEntry> entries;
-  for (const auto& [key, value] : header.items()) {
-    if (key == "__metadata__") {
-      file.metadata_ = parse_metadata(path, value);
-    } else {
-      entries.push_back(parse_entry(path, key, value, data_bytes));
-    }
-  }
-  // Tensors may not share bytes (as in the reference implementation): without this check a small
-  // file could name the same bytes many times over and make the reader allocate without bound.
-  std::vector<const ParsedEntry*> by_offset;
-  for (const ParsedEntry& e : entries)
-    if (e.entry.size_bytes > 0) by_offset.push_back(&e);
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](const ParsedEntry* a, const ParsedEntry* b) { return a->begin < b->begin; });
-  for (size_t i = 1; i < by_offset.size(); ++i) {
-    const ParsedEntry& prev = *by_offset[i - 1];
-    const ParsedEntry& cur = *by_offset[i];
-    if (cur.begin < prev.begin + prev.entry.size_bytes)
-      fail(path, cat("tensor '", short_text(cur.name), "' (bytes ", cur.begin, " to ",
-                     cur.begin + cur.entry.size_bytes, ") overlaps tensor '", short_text(prev.name),
-                     "' (bytes ", prev.begin, " to ", prev.begin + prev.entry.size_bytes,
-                     ") in the data region"));
-  }
+  file.metadata_ = std::move(parsed.metadata);
+  std::vector<ParsedEntry>& entries = parsed.entries;
+  const uint64_t data_begin = parsed.data_begin;
   for (ParsedEntry& e : entries) {
     Tensor tensor;
     tensor.data.reset(aligned_alloc_bytes(e.entry.size_bytes));
@@ -352,6 +373,62 @@ TensorView SafetensorsFile::view(std::string_view name) const {
   v.row_stride = 0;
   return v;
 }
+
+// ---- memory-mapped reader (issue 7: checkpoints) ---------------------------------------------
+
+MappedSafetensors MappedSafetensors::open(const std::string& path) {
+  MappedSafetensors out;
+  out.file_ = MappedFile::open(path, "safetensors file");
+  const uint64_t file_bytes = out.file_.size();
+  if (file_bytes == 0) fail(path, "the file is empty");
+  if (file_bytes < 8)
+    fail(path, cat("the file is ", file_bytes, " bytes, shorter than the 8-byte header length"));
+  const uint8_t* base = out.file_.data();
+  const auto read_exact = [&](void* dst, uint64_t offset, uint64_t bytes, const char* what) {
+    if (offset > file_bytes || bytes > file_bytes - offset)
+      fail(path, cat("could not read ", what, " (", bytes, " bytes at offset ", offset, ")"));
+    std::memcpy(dst, base + offset, static_cast<size_t>(bytes));
+  };
+  ParsedHeader parsed = parse_header(path, file_bytes, read_exact);
+  out.metadata_ = std::move(parsed.metadata);
+  for (ParsedEntry& e : parsed.entries)
+    out.tensors_.emplace(std::move(e.name),
+                         Tensor{std::move(e.entry), parsed.data_begin + e.begin});
+  return out;
+}
+
+const MappedSafetensors::Tensor& MappedSafetensors::find(std::string_view name) const {
+  const auto it = tensors_.find(name);
+  if (it == tensors_.end()) fail(path(), cat("there is no tensor '", name, "'"));
+  return it->second;
+}
+
+bool MappedSafetensors::contains(std::string_view name) const {
+  return tensors_.find(name) != tensors_.end();
+}
+
+std::vector<std::string> MappedSafetensors::names() const {
+  std::vector<std::string> out;
+  out.reserve(tensors_.size());
+  for (const auto& item : tensors_) out.push_back(item.first);
+  return out;
+}
+
+const TensorEntry& MappedSafetensors::entry(std::string_view name) const {
+  return find(name).entry;
+}
+
+std::span<const uint8_t> MappedSafetensors::bytes(std::string_view name) const {
+  const Tensor& t = find(name);
+  return file_.range(t.offset, t.entry.size_bytes);
+}
+
+void MappedSafetensors::release(std::string_view name) const {
+  const Tensor& t = find(name);
+  file_.release(t.offset, t.entry.size_bytes);
+}
+
+// ---- end memory-mapped reader ------------------------------------------------------------------
 
 // ---------------------------------------------------------------------------------------------
 // Writer

@@ -24,6 +24,7 @@
 #include <string_view>
 #include <vector>
 
+#include "io/mapped_file.hpp"  // issue 7
 #include "w4a8moe/w4a8moe.hpp"
 
 namespace w4a8moe::io {
@@ -105,6 +106,37 @@ class SafetensorsWriter {
   std::vector<Pending> tensors_;
   Metadata metadata_;
 };
+
+// ---- memory-mapped reader (issue 7: checkpoints) ---------------------------------------------
+// The same checks as SafetensorsFile::read, but the data stays in the file: bytes() points into a
+// read-only mapping (aligned only as the file's offsets are), and release() drops a tensor's pages
+// from the resident set once it was consumed, so a loader streams a large checkpoint.
+class MappedSafetensors {
+ public:
+  // Maps and checks the file; throws Error naming the file and the first problem.
+  static MappedSafetensors open(const std::string& path);
+
+  const std::string& path() const noexcept { return file_.path(); }
+  bool contains(std::string_view name) const;
+  std::vector<std::string> names() const;  // sorted
+  // Throw Error if the file has no tensor of that name.
+  const TensorEntry& entry(std::string_view name) const;
+  std::span<const uint8_t> bytes(std::string_view name) const;
+  void release(std::string_view name) const;
+  const Metadata& metadata() const noexcept { return metadata_; }
+
+ private:
+  struct Tensor {
+    TensorEntry entry;
+    uint64_t offset = 0;  // in the file
+  };
+  const Tensor& find(std::string_view name) const;
+
+  MappedFile file_;
+  std::map<std::string, Tensor, std::less<>> tensors_;
+  Metadata metadata_;
+};
+// ---- end memory-mapped reader ------------------------------------------------------------------
 
 // ---------------------------------------------------------------------------------------------
 // Case files: the inputs of one forward call.

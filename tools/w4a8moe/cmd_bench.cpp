@@ -107,7 +107,27 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int bench_command(const BenchOptions& o) {
-  const Preset& preset = find_preset(o.preset);
+  // issue 6: --packed W.w4a8 times the file's experts, at its shapes, with the top-k and the
+  // activation it recorded (top-k 8 or E, silu when it recorded none); there are no unpacked
+  // weights to check against.
+  PackedFile file;
+  Preset packed_preset{};
+  double load_s = 0.0;
+  if (!o.packed.empty()) {
+    PackedFileOptions file_options;
+    file_options.verify_checksum = !o.skip_checksum;
+    const auto load_start = std::chrono::steady_clock::now();
+    file = PackedFile::open(o.packed, file_options);
+    load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+    const PackedFileInfo& f = file.info();
+    packed_preset = Preset{o.packed.c_str(), f.hidden, f.inter, f.experts,
+                           f.meta.top_k > 0 ? f.meta.top_k : std::min<int64_t>(8, f.experts),
+                           f.meta.has_params ? f.meta.params.activation : Activation::silu,
+                           false, f.meta.has_params && f.meta.params.apply_router_weight_on_input};
+  }
+  const bool from_file = !o.packed.empty();
+  const Preset& preset = from_file ? packed_preset : find_preset(o.preset);
+  const int group = from_file ? file.info().group_size : o.group;
   if (o.tokens < 1)
     throw Error("--tokens: expected a positive count, got " + std::to_string(o.tokens));
   if (o.repeat < 1)
@@ -118,33 +138,42 @@ int bench_command(const BenchOptions& o) {
   if (o.routing != "uniform" && o.routing != "skewed")
     throw Error("--routing: expected uniform or skewed, got '" + o.routing + "'");
   const DType x_dtype = parse_float_dtype(o.dtype, "--dtype");
-  const DType scale_dtype = parse_float_dtype(o.scales, "--scales");
+  const DType scale_dtype =
+      from_file ? file.info().w13.scale_dtype : parse_float_dtype(o.scales, "--scales");
   const bool quiet = o.json;
+  const bool do_check = o.check && !from_file;
   const int64_t T = o.tokens, H = preset.hidden, I = preset.inter, E = preset.experts,
                 K = preset.top_k;
 
   MoeParams params;
   params.activation = preset.activation;
   params.apply_router_weight_on_input = preset.router_on_input;
+  if (from_file && file.info().meta.has_params) params = file.info().meta.params;
 
-  SyntheticLayer layer = [&] {
-    Progress p("generating weights");
-    return make_layer(preset, o.group, scale_dtype, o.seed, &Progress::callback, &p);
-  }();
-  const LogicalWeights lw = layer.view();
+  SyntheticLayer layer;
+  PackedWeights w13_packed, w2_packed;
+  std::span<const uint8_t> w13 = file.w13(), w2 = file.w2();
   const auto pack_start = std::chrono::steady_clock::now();
-  PackOptions po;
-  po.group_size = o.group;
-  po.gate_up_layout = lw.gate_up_layout;
-  PackedWeights w13, w2;
-  {
+  if (!from_file) {
+    layer = [&] {
+      Progress p("generating weights");
+      return make_layer(preset, group, scale_dtype, o.seed, &Progress::callback, &p);
+    }();
+    const LogicalWeights lw = layer.view();
+    PackOptions po;
+    po.group_size = group;
+    po.gate_up_layout = lw.gate_up_layout;
     Progress p("packing");
-    w13 = pack_w13(lw.w13, lw.w13_scale, lw.w13_bias, po);
-    w2 = pack_w2(lw.w2, lw.w2_scale, lw.w2_bias, po);
+    w13_packed = pack_w13(lw.w13, lw.w13_scale, lw.w13_bias, po);
+    w2_packed = pack_w2(lw.w2, lw.w2_scale, lw.w2_bias, po);
+    w13 = w13_packed.bytes();
+    w2 = w2_packed.bytes();
   }
   const double pack_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - pack_start).count();
-  const size_t expert_bytes = w13.info().expert_bytes + w2.info().expert_bytes;
+      from_file ? load_s
+                : std::chrono::duration<double>(std::chrono::steady_clock::now() - pack_start)
+                      .count();
+  const size_t expert_bytes = inspect_packed(w13).expert_bytes + inspect_packed(w2).expert_bytes;
 
   Input x{x_dtype, make_activations(T, H, o.seed), {}};
   if (x_dtype != DType::f32) x.half = to_half(x.f32, x_dtype);
@@ -163,11 +192,14 @@ int bench_command(const BenchOptions& o) {
         "scales, x %s, %lld tokens, %s routing, %d threads, kernel set %s\n",
         preset.name, static_cast<long long>(H), static_cast<long long>(I),
         static_cast<long long>(E), static_cast<long long>(K), activation_name(preset.activation),
-        preset.router_on_input ? ", router weight on input" : "", o.group, dtype_name(scale_dtype),
+        preset.router_on_input ? ", router weight on input" : "", group, dtype_name(scale_dtype),
         dtype_name(x_dtype), static_cast<long long>(T), o.routing.c_str(), ctx.threads(),
         kernel_set.c_str());
-    std::printf("packed %.1f MB in %.2f s\n", static_cast<double>(w13.size() + w2.size()) / 1e6,
-                pack_s);
+    std::printf("%s %.1f MB in %.2f s%s\n", from_file ? "loaded" : "packed",
+                static_cast<double>(w13.size() + w2.size()) / 1e6, pack_s,
+                from_file && !o.skip_checksum ? " (checksum verified)" : "");
+    if (from_file && o.check)
+      std::printf("check: skipped (--packed: no unpacked weights to compare with)\n");
   }
 
   // One routing per timed run (plus one for the check), so decode runs do not reuse the same
@@ -178,12 +210,11 @@ int bench_command(const BenchOptions& o) {
         make_routing(T, E, K, o.routing == "skewed", o.seed + 1000u * static_cast<unsigned>(r)));
   auto run = [&](const Routing& rt) {
     forward(ctx, xv, TensorView::of(rt.ids.data(), DType::i32, {T, K}),
-            TensorView::of(rt.weights.data(), DType::f32, {T, K}), w13.bytes(), w2.bytes(), params,
-            ov);
+            TensorView::of(rt.weights.data(), DType::f32, {T, K}), w13, w2, params, ov);
   };
 
   CheckResult check;
-  if (o.check) {
+  if (do_check) {
     Progress p("checking against the reference");
     run(routings[0]);
     if (x_dtype != DType::f32)
@@ -209,8 +240,8 @@ int bench_command(const BenchOptions& o) {
       const Routing& rt = routings[static_cast<size_t>(r + 1)];
       bandwidths.push_back(measure_read_bandwidth(ctx.threads(), 1));
       peaks.push_back(measure_peak_macs(kernel_set, ctx.threads(), 1));
-      flush_from_caches(w13.bytes().data(), w13.size());  // cold weights, as in real decode
-      flush_from_caches(w2.bytes().data(), w2.size());
+      flush_from_caches(w13.data(), w13.size());  // cold weights, as in real decode
+      flush_from_caches(w2.data(), w2.size());
       const auto t0 = std::chrono::steady_clock::now();
       run(rt);
       times_s.push_back(
@@ -240,7 +271,7 @@ int bench_command(const BenchOptions& o) {
     j["preset"] = preset.name;
     j["tokens"] = T;
     j["threads"] = ctx.threads();
-    j["group"] = o.group;
+    j["group"] = group;
     j["dtype"] = dtype_name(x_dtype);
     j["scales"] = dtype_name(scale_dtype);
     j["routing"] = o.routing;
@@ -257,8 +288,9 @@ int bench_command(const BenchOptions& o) {
     j["gmac_per_s"] = macs / med_s / 1e9;
     j["peak_gmac_per_s"] = peak_macs / 1e9;
     j["mac_fraction"] = peak_macs > 0 ? macs / med_s / peak_macs : 0.0;
-    j["pack_s"] = pack_s;
-    if (o.check) {
+    j["pack_s"] = pack_s;  // with --packed: the time to open and verify the file
+    if (from_file) j["packed_file"] = o.packed;
+    if (do_check) {
       j["check_max_rel_err"] = check.max_rel_err;
       j["check_tokens"] = check.tokens_checked;
     } else {
@@ -275,7 +307,7 @@ int bench_command(const BenchOptions& o) {
       std::printf(" = %.1f%% of the int8 MAC peak", 100.0 * macs / med_s / peak_macs);
     std::printf("\n");
   }
-  if (o.check && !(check.max_rel_err <= kCheckBound)) {
+  if (do_check && !(check.max_rel_err <= kCheckBound)) {
     std::fprintf(stderr, "w4a8moe bench: the correctness check failed: max rel err %.3e > %.0e\n",
                  check.max_rel_err, kCheckBound);
     return 1;

@@ -18,13 +18,27 @@ struct BenchOptions {
   bool json = false;
   bool check = true;
   unsigned seed = 1;
+  std::string packed;          // issue 6: W.w4a8 to take the experts from (the file's shapes)
+  bool skip_checksum = false;  // issue 6: open it without hashing the payload
 };
 
 struct RunOptions {
   std::string input;   // CASE.safetensors
   std::string output;  // OUT.safetensors
   int threads = 0;
+  std::string packed;          // issue 6: W.w4a8 to take the experts from instead of packing
+  bool skip_checksum = false;  // issue 6: open it without hashing the payload
 };
+
+// ---- w4a8moe pack (issue 6): a case's experts packed into a W.w4a8 file ----
+struct PackCommandOptions {
+  std::string input;       // CASE.safetensors
+  std::string output;      // W.w4a8
+  std::string kernel_set;  // empty: the set forward() picks on this machine
+  std::string scales = "as_given";
+};
+int pack_command(const PackCommandOptions& options);
+// ---- end w4a8moe pack ----
 
 struct CheckOptions {
   bool has_config = false;
@@ -32,6 +46,23 @@ struct CheckOptions {
   long long hidden = 0, inter = 0, experts = 0, top_k = 0, group = -1;
   std::string activation = "silu";
 };
+
+// ---- w4a8moe layer (issue 7): one MoE layer of a GGUF file or compressed-tensors folder ----
+struct LayerOptions {
+  std::string model;  // PATH: a .gguf file or a checkpoint folder
+  int layer = 0;
+  int tokens = 8;      // random hidden states when there is no input file
+  std::string input;   // X.safetensors with x [T, H]
+  std::string output;  // OUT.safetensors: out [T, H], topk_ids, topk_weights
+  int threads = 0;
+  int repeat = 5;
+  unsigned seed = 1;
+  int group = 32;      // group size of converted (not exactly mapped) weights
+  bool exact = false;  // refuse conversions
+  bool compare = false;
+};
+int layer_command(const LayerOptions& options);
+// ---- end w4a8moe layer ----
 
 int bench_command(const BenchOptions& options);
 int run_command(const RunOptions& options);

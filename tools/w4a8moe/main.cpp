@@ -1,4 +1,4 @@
-// The w4a8moe program: bench, run, check. Command-line parsing with CLI11.
+// The w4a8moe program: bench, run, layer, check. Command-line parsing with CLI11.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
@@ -41,6 +41,46 @@ int main(int argc, char** argv) {
   r->add_option("--output", run.output, "OUT.safetensors to write tensor `out` to")->required();
   r->add_option("--threads", run.threads, "threads (0: all hardware threads)")
       ->capture_default_str();
+  // ---- issue 6: packed weight files ----
+  r->add_option("--packed", run.packed, "W.w4a8 (from `w4a8moe pack`): its experts, not the case's");
+  r->add_flag("--skip-checksum", run.skip_checksum, "do not hash the packed file's payload");
+  b->add_option("--packed", bench.packed, "W.w4a8 (from `w4a8moe pack`): time its experts")
+      ->excludes(b->get_option("--preset"))
+      ->excludes(b->get_option("--group"))
+      ->excludes(b->get_option("--scales"));
+  b->add_flag("--skip-checksum", bench.skip_checksum, "do not hash the packed file's payload");
+  PackCommandOptions pack;
+  CLI::App* pk = app.add_subcommand("pack", "pack a case's experts into a file for later runs");
+  pk->add_option("--input", pack.input, "CASE.safetensors with w13, w13_scale, w2, w2_scale, ...")
+      ->required();
+  pk->add_option("--output", pack.output, "W.w4a8 to write")->required();
+  pk->add_option("--kernel-set", pack.kernel_set,
+                "pack for this kernel set (default: the best one this machine runs)");
+  pk->add_option("--scales", pack.scales, "stored scales: as_given or bf16")->capture_default_str();
+  // ---- end issue 6 ----
+
+  // ---- w4a8moe layer (issue 7) ----
+  LayerOptions layer;
+  CLI::App* l = app.add_subcommand(
+      "layer",
+      "run one MoE layer of a GGUF file or compressed-tensors folder, routed by its router");
+  l->add_option("--model", layer.model, "PATH: a .gguf file or a checkpoint folder")->required();
+  l->add_option("--layer", layer.layer, "layer index N")->required();
+  auto* layer_tokens = l->add_option("--tokens", layer.tokens, "random hidden states: T tokens")
+                           ->capture_default_str();
+  l->add_option("--input", layer.input, "X.safetensors with tensor x [T, H] (F32/BF16/F16)")
+      ->excludes(layer_tokens);
+  l->add_option("--output", layer.output, "OUT.safetensors: out [T, H], topk_ids, topk_weights");
+  l->add_option("--threads", layer.threads, "threads (0: all hardware threads)")
+      ->capture_default_str();
+  l->add_option("--repeat", layer.repeat, "timed runs; the median is reported")
+      ->capture_default_str();
+  l->add_option("--seed", layer.seed, "seed of the random hidden states")->capture_default_str();
+  l->add_option("--group", layer.group, "group size for weights converted to int4 (-1: per row)")
+      ->capture_default_str();
+  l->add_flag("--exact", layer.exact, "refuse weights that do not map exactly onto int4");
+  l->add_flag("--compare", layer.compare, "also run the float reference and print the error");
+  // ---- end w4a8moe layer ----
 
   CheckOptions check;
   CLI::App* c =
@@ -69,6 +109,8 @@ int main(int argc, char** argv) {
   try {
     if (b->parsed()) return bench_command(bench);
     if (r->parsed()) return run_command(run);
+    if (pk->parsed()) return pack_command(pack);  // issue 6
+    if (l->parsed()) return layer_command(layer);
     if (!check_preset.empty()) {
       const Preset& p = find_preset(check_preset);
       check.hidden = p.hidden;

@@ -1,0 +1,44 @@
+// Streamed packing (issue 7): pack a weight tensor a chunk of experts at a time, so that a loader
+// holds the unpacked weights of one chunk only, never the whole layer.
+//
+//   ExpertPacker packer(WeightRole::w13, E, options);
+//   for (each chunk of experts, in order) packer.append(w13_chunk, scale_chunk, bias_chunk);
+//   PackedWeights w13 = std::move(packer).finish();
+//
+// The result is byte for byte what pack_w13 / pack_w2 return for the whole tensor.
+#pragma once
+
+#include <cstdint>
+
+#include "w4a8moe/w4a8moe.hpp"
+
+namespace w4a8moe {
+
+class ExpertPacker {
+ public:
+  // `experts`: the total E; options as for pack_w13 / pack_w2.
+  ExpertPacker(WeightRole role, int64_t experts, PackOptions options);
+
+  // The next w.shape[0] experts, in the views pack_w13 / pack_w2 take (E = the chunk's experts).
+  // Throws Error when a chunk's dimensions, group size, scale dtype or bias presence differ from
+  // the first chunk's, or when the chunks hold more experts than announced.
+  void append(const TensorView& w, const TensorView& scale, const TensorView& bias);
+
+  int64_t experts() const noexcept { return experts_; }
+  int64_t appended() const noexcept { return appended_; }
+  // Bytes of the finished buffer (0 before the first chunk).
+  size_t total_bytes() const noexcept { return packed_.size(); }
+
+  // Throws Error unless all `experts` were appended.
+  PackedWeights finish() &&;
+
+ private:
+  WeightRole role_;
+  int64_t experts_;
+  PackOptions options_;
+  int64_t appended_ = 0;
+  PackedWeights packed_;
+  PackedInfo first_{};
+};
+
+}  // namespace w4a8moe

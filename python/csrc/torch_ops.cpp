@@ -1,0 +1,617 @@
+// The PyTorch binding: the w4a8moe library as torch ops (namespace `w4a8moe`), with CPU kernels
+// and Meta kernels (shapes and dtypes only, for meta tensors, FakeTensorMode and graph capture).
+// The Python package loads this module with torch.ops.load_library: no Python headers, no
+// pybind11. Every library error (w4a8moe::Error) is raised as a torch error (RuntimeError in
+// Python) carrying the library's sentence.
+//
+// Ops (schemas at the registration, end of file):
+//   dynamic_4bit_int_moe          the original CPU op's schema and meaning
+//   dynamic_4bit_int_moe_ex       the same plus alpha and limit (SWIGLUOAI / SWIGLUSTEP)
+//   convert_to_w4a8_int8_moe_format     logical int4 weights -> (w13_packed, w2_packed) uint8
+//   convert_to_w4a8_int8_moe_format_ex  the same plus gate/up layout, scale storage, kernel set
+//   packed_info                   the decoded header of a packed tensor
+//   is_supported_config, set_num_threads, get_num_threads, active_kernel_set,
+//   available_kernel_sets, set_isa_cap, cpu_features
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <c10/util/Optional.h>
+#include <pthread.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+// Internal headers: the meta kernel of the packing op computes the packed size from shapes alone,
+// with the same geometry code the packer uses (so the two can never disagree).
+#include "pack/packed_format.hpp"
+#include "registry.hpp"
+#include "w4a8moe/w4a8moe.hpp"
+
+namespace w4a8moe_torch {
+namespace {
+
+using at::Tensor;
+using w4a8moe::DType;
+
+// Runs f; a w4a8moe::Error becomes a torch error with the library's message.
+template <class F>
+auto translate_errors(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const w4a8moe::Error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensors <-> library views
+
+DType to_dtype(at::ScalarType t, const char* name) {
+  switch (t) {
+    case at::kFloat:
+      return DType::f32;
+    case at::kBFloat16:
+      return DType::bf16;
+    case at::kHalf:
+      return DType::f16;
+    case at::kChar:
+      return DType::i8;
+    case at::kByte:
+      return DType::u8;
+    case at::kInt:
+      return DType::i32;
+    case at::kLong:
+      return DType::i64;
+    default:
+      TORCH_CHECK(false, name, ": dtype ", t, " is not supported");
+  }
+}
+
+void require_cpu(const Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu(), name, ": expected a CPU tensor, got one on ", t.device());
+}
+
+// A view of a contiguous CPU tensor of rank 1 to 3 (the caller keeps `t` alive).
+w4a8moe::TensorView view_of(const Tensor& t, const char* name) {
+  require_cpu(t, name);
+  TORCH_CHECK(t.dim() >= 1 && t.dim() <= 3, name, ": expected rank 1 to 3, got shape ", t.sizes());
+  TORCH_CHECK(t.is_contiguous(), name, ": expected a contiguous tensor");
+  w4a8moe::TensorView v;
+  v.data = t.data_ptr();
+  v.dtype = to_dtype(t.scalar_type(), name);
+  v.rank = static_cast<int>(t.dim());
+  for (int i = 0; i < v.rank; ++i) v.shape[static_cast<size_t>(i)] = t.size(i);
+  return v;
+}
+
+// A rank-2 view whose rows may be strided (x); copies only when the last dimension is strided.
+w4a8moe::TensorView rows_view_of(Tensor& t, const char* name) {
+  require_cpu(t, name);
+  TORCH_CHECK(t.dim() == 2, name, ": expected rank 2, got shape ", t.sizes());
+  if (t.stride(1) != 1 || (t.size(0) > 1 && t.stride(0) < t.size(1))) t = t.contiguous();
+  w4a8moe::TensorView v;
+  v.data = t.data_ptr();
+  v.dtype = to_dtype(t.scalar_type(), name);
+  v.rank = 2;
+  v.shape = {t.size(0), t.size(1), 0};
+  v.row_stride = t.size(0) > 1 ? t.stride(0) : 0;
+  return v;
+}
+
+std::span<const uint8_t> packed_bytes(const Tensor& t, const char* name) {
+  require_cpu(t, name);
+  TORCH_CHECK(t.scalar_type() == at::kByte, name,
+              ": expected a uint8 tensor of packed weights, got dtype ", t.scalar_type());
+  TORCH_CHECK(t.is_contiguous(), name, ": expected a contiguous tensor of packed weights");
+  return {static_cast<const uint8_t*>(t.data_ptr()), static_cast<size_t>(t.nbytes())};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Threads: one pool of Contexts per process. A call leases an idle Context with the wanted
+// thread count (or makes one), so concurrent calls from several Python threads each get their
+// own (a Context is not safe to share) and a steady stream of calls reuses one. At most kMaxIdle
+// stay idle (the least recently used go first), each with its sleeping workers and scratch.
+
+std::atomic<int64_t> g_threads{0};  // 0: follow torch.get_num_threads()
+
+int wanted_threads() {
+  const int64_t n = g_threads.load(std::memory_order_relaxed);
+  if (n > 0) return static_cast<int>(n);
+  at::internal::lazy_init_num_threads();  // else a new thread sees OpenMP's default, not torch's
+  const int torch_threads = at::get_num_threads();
+  return torch_threads > 0 ? torch_threads : 0;  // 0: the library's default (hardware)
+}
+
+class ContextPool {
+ public:
+  static ContextPool& instance() {
+    // Never destroyed: worker threads are not joined during interpreter shutdown.
+    static ContextPool* pool = [] {
+      auto* p = new ContextPool();
+      pthread_atfork([] { ContextPool::instance().mutex_.lock(); },
+                     [] { ContextPool::instance().mutex_.unlock(); },
+                     [] { ContextPool::instance().after_fork_in_child(); });
+      return p;
+    }();
+    return *pool;
+  }
+
+  class Lease {
+   public:
+    Lease(ContextPool& pool, std::unique_ptr<w4a8moe::Context> context)
+        : pool_(pool), context_(std::move(context)) {}
+    ~Lease() { pool_.give_back(std::move(context_)); }
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    w4a8moe::Context& context() { return *context_; }
+
+   private:
+    ContextPool& pool_;
+    std::unique_ptr<w4a8moe::Context> context_;
+  };
+
+  Lease lease(int threads) {
+    std::unique_ptr<w4a8moe::Context> found;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto it = idle_.rbegin(); it != idle_.rend(); ++it) {
+        if (threads == 0 || (*it)->threads() == threads) {
+          found = std::move(*it);
+          idle_.erase(std::next(it).base());
+          break;
+        }
+      }
+    }
+    if (!found) found = std::make_unique<w4a8moe::Context>(threads);
+    return Lease(*this, std::move(found));
+  }
+
+ private:
+  static constexpr size_t kMaxIdle = 4;
+
+  void give_back(std::unique_ptr<w4a8moe::Context> context) {
+    std::unique_ptr<w4a8moe::Context> evicted;  // destroyed outside the lock
+    std::lock_guard<std::mutex> lock(mutex_);
+    idle_.push_back(std::move(context));
+    if (idle_.size() > kMaxIdle) {
+      evicted = std::move(idle_.front());
+      idle_.erase(idle_.begin());
+    }
+  }
+
+  // The child of a fork has none of the parent's worker threads: forget (leak) the Contexts
+  // instead of joining threads that do not exist there.
+  void after_fork_in_child() {
+    for (auto& c : idle_) static_cast<void>(c.release());
+    idle_.clear();
+    mutex_.unlock();
+  }
+
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<w4a8moe::Context>> idle_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The forward op
+
+struct Sizes {
+  int64_t hidden, inter, group_size;
+};
+
+// hidden_size, intermediate_size and group_size must agree with the packed buffers' headers.
+void check_sizes_against_packed(const w4a8moe::PackedInfo& w13, const w4a8moe::PackedInfo& w2,
+                                const Sizes& s) {
+  TORCH_CHECK(w13.role == w4a8moe::WeightRole::w13,
+              "w13_packed: expected weights packed as w13, got a buffer packed as w2");
+  TORCH_CHECK(w2.role == w4a8moe::WeightRole::w2,
+              "w2_packed: expected weights packed as w2, got a buffer packed as w13");
+  TORCH_CHECK(s.hidden == w13.cols, "hidden_size: expected ", w13.cols,
+              " (the hidden size of w13_packed), got ", s.hidden);
+  TORCH_CHECK(2 * s.inter == w13.rows, "intermediate_size: expected ", w13.rows / 2,
+              " (half the rows of w13_packed), got ", s.inter);
+  TORCH_CHECK(s.hidden == w2.rows && s.inter == w2.cols, "w2_packed: expected [", s.hidden, ", ",
+              s.inter, "] per expert (hidden_size, intermediate_size), got [", w2.rows, ", ",
+              w2.cols, "]");
+  TORCH_CHECK(s.group_size == w13.group_size && s.group_size == w2.group_size,
+              "group_size: expected ", w13.group_size, " (the group size of w13_packed), got ",
+              s.group_size);
+}
+
+// Shape and dtype checks shared by the CPU and the Meta kernels; returns the output's shape.
+std::array<int64_t, 2> infer_output(const Tensor& x, const Tensor& topk_ids,
+                                    const Tensor& topk_weights, const Sizes& s,
+                                    int64_t activation_kind) {
+  return translate_errors([&] {
+    w4a8moe::activation_from_code(activation_kind);
+    TORCH_CHECK(x.dim() == 2, "x: expected rank 2 [T, H], got shape ", x.sizes());
+    TORCH_CHECK(x.size(1) == s.hidden, "x: expected ", s.hidden,
+                " columns (hidden_size), got shape ", x.sizes());
+    TORCH_CHECK(topk_weights.scalar_type() == at::kFloat ||
+                    topk_weights.scalar_type() == at::kBFloat16 ||
+                    topk_weights.scalar_type() == at::kHalf,
+                "topk_weights: expected dtype float32, bfloat16 or float16, got ",
+                topk_weights.scalar_type());
+    TORCH_CHECK(topk_ids.scalar_type() == at::kInt || topk_ids.scalar_type() == at::kLong,
+                "topk_ids: expected dtype int32 or int64, got ", topk_ids.scalar_type());
+    if (x.size(0) == 0) {  // an empty batch: nothing to compute
+      TORCH_CHECK(topk_ids.dim() == 2 && topk_ids.size(0) == 0 && topk_weights.sizes() ==
+                                                                     topk_ids.sizes(),
+                  "topk_ids, topk_weights: expected shape [0, K] for an empty x, got ",
+                  topk_ids.sizes(), " and ", topk_weights.sizes());
+      return std::array<int64_t, 2>{0, s.hidden};
+    }
+    const auto spec = w4a8moe::infer_output(x.sizes().vec(), to_dtype(x.scalar_type(), "x"),
+                                            topk_ids.sizes().vec(), topk_weights.sizes().vec());
+    return spec.shape;
+  });
+}
+
+Tensor moe_ex_cpu(const Tensor& x_in, const Tensor& topk_ids_in, const Tensor& topk_weights_in,
+                  const Tensor& w13_packed, const Tensor& w2_packed, int64_t hidden_size,
+                  int64_t intermediate_size, int64_t group_size, bool apply_router_weight_on_input,
+                  int64_t activation_kind, double alpha, double limit) {
+  const Sizes sizes{hidden_size, intermediate_size, group_size};
+  return translate_errors([&] {
+    const auto w13 = packed_bytes(w13_packed, "w13_packed");
+    const auto w2 = packed_bytes(w2_packed, "w2_packed");
+    check_sizes_against_packed(w4a8moe::inspect_packed(w13, "w13_packed"),
+                               w4a8moe::inspect_packed(w2, "w2_packed"), sizes);
+    const auto shape = infer_output(x_in, topk_ids_in, topk_weights_in, sizes, activation_kind);
+    Tensor out = at::empty({shape[0], shape[1]}, x_in.options());
+    if (shape[0] == 0) return out;
+
+    Tensor x = x_in;
+    const Tensor topk_ids = topk_ids_in.contiguous();
+    const Tensor topk_weights = topk_weights_in.contiguous();
+    w4a8moe::MoeParams params;
+    params.activation = w4a8moe::activation_from_code(activation_kind);
+    params.alpha = static_cast<float>(alpha);
+    params.limit = static_cast<float>(limit);
+    params.apply_router_weight_on_input = apply_router_weight_on_input;
+    const w4a8moe::TensorView xv = rows_view_of(x, "x");
+    const w4a8moe::TensorView ids = view_of(topk_ids, "topk_ids");
+    const w4a8moe::TensorView weights = view_of(topk_weights, "topk_weights");
+    w4a8moe::MutableTensorView ov;
+    ov.data = out.data_ptr();
+    ov.dtype = xv.dtype;
+    ov.rank = 2;
+    ov.shape = {shape[0], shape[1], 0};
+
+    auto lease = ContextPool::instance().lease(wanted_threads());
+    w4a8moe::forward(lease.context(), xv, ids, weights, w13, w2, params, ov);
+    return out;
+  });
+}
+
+Tensor moe_cpu(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
+               const Tensor& w13_packed, const Tensor& w2_packed, int64_t hidden_size,
+               int64_t intermediate_size, int64_t group_size, bool apply_router_weight_on_input,
+               int64_t activation_kind) {
+  const w4a8moe::MoeParams defaults;
+  return moe_ex_cpu(x, topk_ids, topk_weights, w13_packed, w2_packed, hidden_size,
+                    intermediate_size, group_size, apply_router_weight_on_input, activation_kind,
+                    defaults.alpha, defaults.limit);
+}
+
+Tensor moe_ex_meta(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
+                   const Tensor& w13_packed, const Tensor& w2_packed, int64_t hidden_size,
+                   int64_t intermediate_size, int64_t group_size, bool /*apply_on_input*/,
+                   int64_t activation_kind, double /*alpha*/, double limit) {
+  TORCH_CHECK(w13_packed.scalar_type() == at::kByte && w2_packed.scalar_type() == at::kByte,
+              "w13_packed, w2_packed: expected uint8 tensors of packed weights, got ",
+              w13_packed.scalar_type(), " and ", w2_packed.scalar_type());
+  TORCH_CHECK(intermediate_size >= 1, "intermediate_size: expected a positive value, got ",
+              intermediate_size);
+  TORCH_CHECK(group_size == -1 || (group_size > 0 && group_size % 32 == 0),
+              "group_size: expected -1 or a multiple of 32, got ", group_size);
+  TORCH_CHECK(limit > 0.0, "limit: expected a positive value, got ", limit);
+  const auto shape = infer_output(x, topk_ids, topk_weights,
+                                  Sizes{hidden_size, intermediate_size, group_size},
+                                  activation_kind);
+  return at::empty({shape[0], shape[1]}, x.options());
+}
+
+Tensor moe_meta(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
+                const Tensor& w13_packed, const Tensor& w2_packed, int64_t hidden_size,
+                int64_t intermediate_size, int64_t group_size, bool apply_router_weight_on_input,
+                int64_t activation_kind) {
+  const w4a8moe::MoeParams defaults;
+  return moe_ex_meta(x, topk_ids, topk_weights, w13_packed, w2_packed, hidden_size,
+                     intermediate_size, group_size, apply_router_weight_on_input, activation_kind,
+                     defaults.alpha, defaults.limit);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The packing op
+
+w4a8moe::PackOptions pack_options(int64_t group_size, const std::string& gate_up_layout,
+                                  const std::string& scale_storage, const std::string& kernel_set) {
+  w4a8moe::PackOptions o;
+  TORCH_CHECK(group_size >= INT32_MIN && group_size <= INT32_MAX,
+              "group_size: expected -1 or a multiple of 32, got ", group_size);
+  o.group_size = static_cast<int>(group_size);
+  if (gate_up_layout == "halves")
+    o.gate_up_layout = w4a8moe::GateUpLayout::halves;
+  else if (gate_up_layout == "interleaved")
+    o.gate_up_layout = w4a8moe::GateUpLayout::interleaved;
+  else
+    TORCH_CHECK(false, "gate_up_layout: expected 'halves' or 'interleaved', got '",
+                gate_up_layout, "'");
+  if (scale_storage == "as_given")
+    o.scale_storage = w4a8moe::ScaleStorage::as_given;
+  else if (scale_storage == "bf16")
+    o.scale_storage = w4a8moe::ScaleStorage::bf16;
+  else
+    TORCH_CHECK(false, "scale_storage: expected 'as_given' or 'bf16', got '", scale_storage, "'");
+  o.kernel_set = kernel_set;
+  return o;
+}
+
+// w13 [E, 2I, H] and w2 [E, H, I] (int8), or nibble-packed uint8 with half the last dimension.
+struct LogicalShape {
+  int64_t experts, hidden, inter;
+};
+
+LogicalShape check_weight_shapes(const Tensor& w13, const Tensor& w2) {
+  for (const auto& [t, name] : {std::pair{&w13, "w13_weight"}, std::pair{&w2, "w2_weight"}}) {
+    TORCH_CHECK(t->dim() == 3, name, ": expected rank 3, got shape ", t->sizes());
+    TORCH_CHECK(t->scalar_type() == at::kChar || t->scalar_type() == at::kByte, name,
+                ": expected dtype int8 (int4 values) or uint8 (nibble-packed), got ",
+                t->scalar_type());
+  }
+  const auto cols = [](const Tensor& t) { return t.size(2) * (t.scalar_type() == at::kByte ? 2 : 1); };
+  TORCH_CHECK(w13.size(1) % 2 == 0, "w13_weight: expected an even number of rows (2I), got shape ",
+              w13.sizes());
+  const LogicalShape s{w13.size(0), cols(w13), w13.size(1) / 2};
+  TORCH_CHECK(w2.size(0) == s.experts && w2.size(1) == s.hidden && cols(w2) == s.inter,
+              "w2_weight: expected ", s.experts, " experts of [", s.hidden, ", ", s.inter,
+              "] (from w13_weight ", w13.sizes(), "), got shape ", w2.sizes(),
+              w2.scalar_type() == at::kByte ? " (nibble-packed)" : "");
+  return s;
+}
+
+Tensor to_tensor(w4a8moe::PackedWeights packed) {
+  auto* holder = new w4a8moe::PackedWeights(std::move(packed));
+  const auto bytes = static_cast<int64_t>(holder->size());
+  return at::from_blob(
+      holder->data(), {bytes}, [holder](void*) { delete holder; },
+      at::TensorOptions().dtype(at::kByte));
+}
+
+std::tuple<Tensor, Tensor> pack_ex_cpu(const Tensor& w13_weight, const Tensor& w2_weight,
+                                       const Tensor& w13_weight_scale,
+                                       const Tensor& w2_weight_scale, int64_t group_size,
+                                       const c10::optional<Tensor>& w13_bias,
+                                       const c10::optional<Tensor>& w2_bias,
+                                       std::string gate_up_layout, std::string scale_storage,
+                                       std::string kernel_set) {
+  return translate_errors([&] {
+    check_weight_shapes(w13_weight, w2_weight);
+    const auto options = pack_options(group_size, gate_up_layout, scale_storage, kernel_set);
+    // Views of contiguous copies (no copy when already contiguous), alive until packing ends.
+    std::vector<Tensor> keep;
+    auto view = [&](const Tensor& t, const char* name) {
+      keep.push_back(t.contiguous());
+      return view_of(keep.back(), name);
+    };
+    auto optional_view = [&](const c10::optional<Tensor>& t, const char* name) {
+      return t.has_value() && t->defined() ? view(*t, name) : w4a8moe::TensorView{};
+    };
+    keep.reserve(6);
+    const auto w13 = view(w13_weight, "w13_weight");
+    const auto s13 = view(w13_weight_scale, "w13_weight_scale");
+    const auto b13 = optional_view(w13_bias, "w13_bias");
+    const auto w2 = view(w2_weight, "w2_weight");
+    const auto s2 = view(w2_weight_scale, "w2_weight_scale");
+    const auto b2 = optional_view(w2_bias, "w2_bias");
+    Tensor p13 = to_tensor(w4a8moe::pack_w13(w13, s13, b13, options));
+    w4a8moe::PackOptions w2_options = options;
+    w2_options.gate_up_layout = w4a8moe::GateUpLayout::halves;
+    Tensor p2 = to_tensor(w4a8moe::pack_w2(w2, s2, b2, w2_options));
+    return std::make_tuple(p13, p2);
+  });
+}
+
+std::tuple<Tensor, Tensor> pack_cpu(const Tensor& w13_weight, const Tensor& w2_weight,
+                                    const Tensor& w13_weight_scale, const Tensor& w2_weight_scale,
+                                    int64_t group_size, const c10::optional<Tensor>& w13_bias,
+                                    const c10::optional<Tensor>& w2_bias) {
+  return pack_ex_cpu(w13_weight, w2_weight, w13_weight_scale, w2_weight_scale, group_size,
+                     w13_bias, w2_bias, "halves", "as_given", "");
+}
+
+// The packed sizes from shapes and dtypes alone.
+std::tuple<Tensor, Tensor> pack_ex_meta(const Tensor& w13_weight, const Tensor& w2_weight,
+                                        const Tensor& w13_weight_scale,
+                                        const Tensor& w2_weight_scale, int64_t group_size,
+                                        const c10::optional<Tensor>& w13_bias,
+                                        const c10::optional<Tensor>& w2_bias,
+                                        std::string gate_up_layout, std::string scale_storage,
+                                        std::string kernel_set) {
+  return translate_errors([&] {
+    const LogicalShape s = check_weight_shapes(w13_weight, w2_weight);
+    const auto options = pack_options(group_size, gate_up_layout, scale_storage, kernel_set);
+    const auto& set = options.kernel_set.empty()
+                          ? w4a8moe::detail::active_set()
+                          : w4a8moe::detail::set_by_name(options.kernel_set, "kernel_set");
+    auto bytes = [&](w4a8moe::WeightRole role, int64_t rows, int64_t cols, const Tensor& scale,
+                     const c10::optional<Tensor>& bias, const char* name) {
+      const DType given = to_dtype(scale.scalar_type(), name);
+      const DType stored =
+          options.scale_storage == w4a8moe::ScaleStorage::bf16 ? DType::bf16 : given;
+      const bool has_bias = bias.has_value() && bias->defined();
+      const auto g = w4a8moe::detail::make_geometry(set.layout, role, s.experts, rows, cols,
+                                                    options.group_size, stored, has_bias, name);
+      return static_cast<int64_t>(g.total_bytes);
+    };
+    const auto o = w13_weight.options().dtype(at::kByte);
+    return std::make_tuple(
+        at::empty({bytes(w4a8moe::WeightRole::w13, 2 * s.inter, s.hidden, w13_weight_scale,
+                         w13_bias, "w13_weight_scale")},
+                  o),
+        at::empty({bytes(w4a8moe::WeightRole::w2, s.hidden, s.inter, w2_weight_scale, w2_bias,
+                         "w2_weight_scale")},
+                  o));
+  });
+}
+
+std::tuple<Tensor, Tensor> pack_meta(const Tensor& w13_weight, const Tensor& w2_weight,
+                                     const Tensor& w13_weight_scale, const Tensor& w2_weight_scale,
+                                     int64_t group_size, const c10::optional<Tensor>& w13_bias,
+                                     const c10::optional<Tensor>& w2_bias) {
+  return pack_ex_meta(w13_weight, w2_weight, w13_weight_scale, w2_weight_scale, group_size,
+                      w13_bias, w2_bias, "halves", "as_given", "");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Companions
+
+using InfoTuple = std::tuple<int64_t, std::string, std::string, int64_t, int64_t, int64_t,
+                             int64_t, std::string, bool, int64_t, int64_t>;
+
+InfoTuple packed_info_cpu(const Tensor& packed) {
+  return translate_errors([&] {
+    const auto i = w4a8moe::inspect_packed(packed_bytes(packed, "packed"), "packed");
+    return InfoTuple{i.version,
+                     i.layout,
+                     i.role == w4a8moe::WeightRole::w13 ? "w13" : "w2",
+                     i.experts,
+                     i.rows,
+                     i.cols,
+                     i.group_size,
+                     w4a8moe::dtype_name(i.scale_dtype),
+                     i.has_bias,
+                     static_cast<int64_t>(i.expert_bytes),
+                     static_cast<int64_t>(i.total_bytes)};
+  });
+}
+
+InfoTuple packed_info_meta(const Tensor&) {
+  TORCH_CHECK(false,
+              "packed: packed_info reads the packed header, and a meta or fake tensor has no "
+              "data; pass hidden_size, intermediate_size and group_size explicitly");
+}
+
+std::tuple<bool, std::string> is_supported_config(at::ScalarType dtype, int64_t hidden_size,
+                                                  int64_t intermediate_size, int64_t num_experts,
+                                                  int64_t top_k, int64_t group_size,
+                                                  int64_t activation_kind) {
+  w4a8moe::MoeConfig c;
+  switch (dtype) {
+    case at::kFloat:
+      c.x_dtype = DType::f32;
+      break;
+    case at::kBFloat16:
+      c.x_dtype = DType::bf16;
+      break;
+    case at::kHalf:
+      c.x_dtype = DType::f16;
+      break;
+    default:
+      return {false, std::string("x dtype ") + c10::toString(dtype) +
+                         " is not supported; use float32, bfloat16 or float16 activations"};
+  }
+  c.hidden = hidden_size;
+  c.inter = intermediate_size;
+  c.experts = num_experts;
+  c.top_k = top_k;
+  c.group_size = group_size;
+  c.activation = activation_kind;
+  const w4a8moe::Support s = w4a8moe::is_supported_config(c);
+  return {s.supported, s.reason};
+}
+
+void set_num_threads(int64_t threads) {
+  TORCH_CHECK(threads >= 0 && threads <= 4096,
+              "threads: expected 0 (follow torch.get_num_threads()) or a count in [1, 4096], got ",
+              threads);
+  g_threads.store(threads, std::memory_order_relaxed);
+}
+
+int64_t get_num_threads() { return wanted_threads(); }
+
+std::string active_kernel_set() { return w4a8moe::active_kernel_set(); }
+
+std::vector<std::string> available_kernel_sets() { return w4a8moe::available_kernel_sets(); }
+
+void set_isa_cap(std::string name) {
+  translate_errors([&] { w4a8moe::set_isa_cap(name); });
+}
+
+std::string cpu_features() { return w4a8moe::cpu_features().summary(); }
+
+}  // namespace
+}  // namespace w4a8moe_torch
+
+// ---------------------------------------------------------------------------------------------
+// Registration
+
+TORCH_LIBRARY(w4a8moe, m) {
+  m.def(
+      "dynamic_4bit_int_moe(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13_packed, "
+      "Tensor w2_packed, int hidden_size, int intermediate_size, int group_size, "
+      "bool apply_router_weight_on_input, int activation_kind) -> Tensor");
+  m.def(
+      "dynamic_4bit_int_moe_ex(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13_packed, "
+      "Tensor w2_packed, int hidden_size, int intermediate_size, int group_size, "
+      "bool apply_router_weight_on_input, int activation_kind, float alpha=1.702, "
+      "float limit=7.0) -> Tensor");
+  m.def(
+      "convert_to_w4a8_int8_moe_format(Tensor w13_weight, Tensor w2_weight, "
+      "Tensor w13_weight_scale, Tensor w2_weight_scale, int group_size, Tensor? w13_bias=None, "
+      "Tensor? w2_bias=None) -> (Tensor, Tensor)");
+  m.def(
+      "convert_to_w4a8_int8_moe_format_ex(Tensor w13_weight, Tensor w2_weight, "
+      "Tensor w13_weight_scale, Tensor w2_weight_scale, int group_size, Tensor? w13_bias=None, "
+      "Tensor? w2_bias=None, str gate_up_layout=\"halves\", str scale_storage=\"as_given\", "
+      "str kernel_set=\"\") -> (Tensor, Tensor)");
+  m.def(
+      "packed_info(Tensor packed) -> (int version, str layout, str role, int experts, int rows, "
+      "int cols, int group_size, str scale_dtype, bool has_bias, int expert_bytes, "
+      "int total_bytes)");
+  m.def(
+      "is_supported_config(ScalarType dtype, int hidden_size, int intermediate_size, "
+      "int num_experts, int top_k, int group_size, int activation_kind) -> (bool, str)",
+      &w4a8moe_torch::is_supported_config);
+  m.def("set_num_threads(int threads) -> ()", &w4a8moe_torch::set_num_threads);
+  m.def("get_num_threads() -> int", &w4a8moe_torch::get_num_threads);
+  m.def("active_kernel_set() -> str", &w4a8moe_torch::active_kernel_set);
+  m.def("available_kernel_sets() -> str[]", &w4a8moe_torch::available_kernel_sets);
+  m.def("set_isa_cap(str name) -> ()", &w4a8moe_torch::set_isa_cap);
+  m.def("cpu_features() -> str", &w4a8moe_torch::cpu_features);
+}
+
+TORCH_LIBRARY_IMPL(w4a8moe, CPU, m) {
+  m.impl("dynamic_4bit_int_moe", &w4a8moe_torch::moe_cpu);
+  m.impl("dynamic_4bit_int_moe_ex", &w4a8moe_torch::moe_ex_cpu);
+  m.impl("convert_to_w4a8_int8_moe_format", &w4a8moe_torch::pack_cpu);
+  m.impl("convert_to_w4a8_int8_moe_format_ex", &w4a8moe_torch::pack_ex_cpu);
+  m.impl("packed_info", &w4a8moe_torch::packed_info_cpu);
+}
+
+TORCH_LIBRARY_IMPL(w4a8moe, Meta, m) {
+  m.impl("dynamic_4bit_int_moe", &w4a8moe_torch::moe_meta);
+  m.impl("dynamic_4bit_int_moe_ex", &w4a8moe_torch::moe_ex_meta);
+  m.impl("convert_to_w4a8_int8_moe_format", &w4a8moe_torch::pack_meta);
+  m.impl("convert_to_w4a8_int8_moe_format_ex", &w4a8moe_torch::pack_ex_meta);
+  m.impl("packed_info", &w4a8moe_torch::packed_info_meta);
+}
+
+// The ops have no derivative. Torch 1.13 has no fallthrough for AutogradMeta (it has one for
+// AutogradCPU), so meta and fake tensors would stop there without these.
+TORCH_LIBRARY_IMPL(w4a8moe, AutogradMeta, m) {
+  for (const char* name : {"dynamic_4bit_int_moe", "dynamic_4bit_int_moe_ex",
+                           "convert_to_w4a8_int8_moe_format",
+                           "convert_to_w4a8_int8_moe_format_ex", "packed_info"})
+    m.impl(name, torch::CppFunction::makeFallthrough());
+}

@@ -1,0 +1,220 @@
+"""w4a8moe for PyTorch: the Mixture-of-Experts layer of LLMs on CPUs, with int4 weights and
+dynamic int8 activations, as torch ops.
+
+    import w4a8moe
+    w13_packed, w2_packed = w4a8moe.pack(w13, w2, w13_scale, w2_scale, group_size=128)
+    out = w4a8moe.moe(x, topk_ids, topk_weights, w13_packed, w2_packed, activation="silu")
+
+Importing the package registers the ops under torch.ops.w4a8moe; the raw op
+torch.ops.w4a8moe.dynamic_4bit_int_moe has the schema and meaning of the original CPU operator.
+Every op also has a Meta kernel (shapes and dtypes only), so it runs on meta tensors and under
+FakeTensorMode. Library errors are raised as RuntimeError with the library's message.
+"""
+
+import enum
+import os
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+
+from .reference import activate, dequantize_weights, quant_row, reference_moe
+
+__all__ = [
+    "Activation",
+    "PackedInfo",
+    "activation_code",
+    "active_kernel_set",
+    "available_kernel_sets",
+    "convert_to_w4a8_int8_moe_format",
+    "cpu_features",
+    "dequantize_weights",
+    "get_num_threads",
+    "is_supported_config",
+    "moe",
+    "ops",
+    "pack",
+    "packed_info",
+    "quant_row",
+    "reference_moe",
+    "set_isa_cap",
+    "set_num_threads",
+    "activate",
+]
+
+_LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_w4a8moe_torch.so")
+torch.ops.load_library(_LIBRARY)
+
+#: The registered ops (torch.ops.w4a8moe).
+ops = torch.ops.w4a8moe
+
+
+class Activation(enum.IntEnum):
+    """Activation kinds with the integer codes of the original operator."""
+
+    SWIGLUSTEP = 0
+    SWIGLUOAI = 1
+    SILU = 2
+    GELU = 3  # exact erf form
+    GELU_TANH = 4  # tanh approximation
+
+
+def activation_code(activation) -> int:
+    """A name ("silu", "swigluoai", "swiglustep", "gelu", "gelu_tanh"), an Activation or an int
+    -> the integer code. Unknown names raise ValueError; unknown integer codes are passed on for
+    the op to reject."""
+    if isinstance(activation, str):
+        try:
+            return Activation[activation.upper()].value
+        except KeyError:
+            names = ", ".join(a.name.lower() for a in Activation)
+            raise ValueError(f"activation: expected one of {names}, got '{activation}'") from None
+    return int(activation)
+
+
+class PackedInfo(NamedTuple):
+    """The decoded header of a packed weight tensor."""
+
+    version: int
+    layout: str
+    role: str  # "w13" or "w2"
+    experts: int
+    rows: int  # output rows N: 2I for w13, H for w2
+    cols: int  # input columns K: H for w13, I for w2
+    group_size: int  # -1: one scale per row
+    scale_dtype: str  # "f32", "bf16" or "f16"
+    has_bias: bool
+    expert_bytes: int
+    total_bytes: int
+
+
+def packed_info(packed: torch.Tensor) -> PackedInfo:
+    """Checks and decodes a packed tensor's header (RuntimeError if it is not a valid buffer)."""
+    return PackedInfo(*ops.packed_info(packed))
+
+
+def pack(
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    w13_scale: torch.Tensor,
+    w2_scale: torch.Tensor,
+    group_size: int = -1,
+    w13_bias: Optional[torch.Tensor] = None,
+    w2_bias: Optional[torch.Tensor] = None,
+    *,
+    gate_up_layout: str = "halves",
+    scale_storage: str = "as_given",
+    kernel_set: str = "",
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Packs the experts once; returns (w13_packed, w2_packed), two 1-D uint8 tensors.
+
+    w13 [E, 2I, H] and w2 [E, H, I]: int4 values as int8 in [-8, 7], or nibble-packed uint8
+    with half the last dimension. Scales [E, N, K/g] (or [E, N] / [E, N, 1] when group_size is
+    -1) in float32, bfloat16 or float16; optional biases [E, 2I] and [E, H].
+    gate_up_layout: "halves" (rows [0, I) gate, [I, 2I) up) or "interleaved" (gpt-oss).
+    scale_storage: "as_given" (lossless) or "bf16" (rounds scales to bfloat16).
+    kernel_set: the kernel set to pack for; "" is the one forward() uses on this CPU.
+    """
+    return ops.convert_to_w4a8_int8_moe_format_ex(
+        w13, w2, w13_scale, w2_scale, group_size, w13_bias, w2_bias,
+        gate_up_layout, scale_storage, kernel_set,
+    )
+
+
+def convert_to_w4a8_int8_moe_format(
+    w13_weight: torch.Tensor,
+    w2_weight: torch.Tensor,
+    w13_weight_scale: torch.Tensor,
+    w2_weight_scale: torch.Tensor,
+    group_size: int,
+    w13_bias: Optional[torch.Tensor] = None,
+    w2_bias: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The original project's packing entry point: returns (w13_packed, w2_packed)."""
+    return ops.convert_to_w4a8_int8_moe_format(
+        w13_weight, w2_weight, w13_weight_scale, w2_weight_scale, group_size, w13_bias, w2_bias
+    )
+
+
+def moe(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w13_packed: torch.Tensor,
+    w2_packed: torch.Tensor,
+    *,
+    activation="silu",
+    apply_router_weight_on_input: bool = False,
+    alpha: float = 1.702,
+    limit: float = 7.0,
+    hidden_size: Optional[int] = None,
+    intermediate_size: Optional[int] = None,
+    group_size: Optional[int] = None,
+) -> torch.Tensor:
+    """The MoE layer: out [T, H] in x's dtype.
+
+    x [T, H] float32/bfloat16/float16; topk_ids [T, K] int32/int64 in [0, E); topk_weights
+    [T, K], used as given. hidden_size, intermediate_size and group_size are read from the
+    packed headers when omitted (pass them when the packed tensors are meta or fake tensors).
+    """
+    if hidden_size is None or intermediate_size is None or group_size is None:
+        info = packed_info(w13_packed)
+        hidden_size = info.cols if hidden_size is None else hidden_size
+        intermediate_size = info.rows // 2 if intermediate_size is None else intermediate_size
+        group_size = info.group_size if group_size is None else group_size
+    return ops.dynamic_4bit_int_moe_ex(
+        x, topk_ids, topk_weights, w13_packed, w2_packed, hidden_size, intermediate_size,
+        group_size, apply_router_weight_on_input, activation_code(activation), alpha, limit,
+    )
+
+
+def is_supported_config(
+    hidden_size: int,
+    intermediate_size: int,
+    num_experts: int,
+    top_k: int,
+    group_size: int = -1,
+    activation="silu",
+    dtype: torch.dtype = torch.bfloat16,
+) -> Tuple[bool, Optional[str]]:
+    """(True, None), or (False, a sentence saying why and what to do). Never raises."""
+    try:
+        code = activation_code(activation)
+    except ValueError as e:
+        return False, str(e)
+    if not isinstance(dtype, torch.dtype):
+        return False, f"dtype: expected a torch.dtype, got {dtype!r}"
+    ok, reason = ops.is_supported_config(
+        dtype, hidden_size, intermediate_size, num_experts, top_k, group_size, code
+    )
+    return bool(ok), (None if ok else reason)
+
+
+def set_num_threads(threads: int) -> None:
+    """Threads of the forward pass: 0 (the default) follows torch.get_num_threads()."""
+    ops.set_num_threads(threads)
+
+
+def get_num_threads() -> int:
+    """The thread count the next forward call will use."""
+    return ops.get_num_threads()
+
+
+def active_kernel_set() -> str:
+    """The kernel set that packing and the forward pass use now (e.g. "avx512vnni")."""
+    return ops.active_kernel_set()
+
+
+def available_kernel_sets() -> list:
+    """Kernel sets of this build that run on this CPU, best first."""
+    return list(ops.available_kernel_sets())
+
+
+def set_isa_cap(name: str) -> None:
+    """Caps the kernel sets at `name` ("scalar", ...); "" removes the cap. Packed tensors made
+    under another cap may need repacking."""
+    ops.set_isa_cap(name)
+
+
+def cpu_features() -> str:
+    """The CPU features the library detected, as one line."""
+    return ops.cpu_features()

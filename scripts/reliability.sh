@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# The reliability stages of scripts/test.sh (issue 6), each in its own build directory:
+#
+#   asan  AddressSanitizer + UndefinedBehaviorSanitizer build (GCC) of the library, the program
+#         and every test suite; CTest runs the library suites once per kernel set (W4A8MOE_ISA),
+#         the kernel suites over every set, the program's suites against the sanitized program.
+#   tsan  ThreadSanitizer build (GCC) of the library suites; the threaded forward pass (thread
+#         counts 1 to 7, concurrent contexts, repeated calls) under the best and the portable set.
+#   fuzz  libFuzzer (clang) harnesses, each run for FUZZ_SECONDS (default 60) on its corpus in
+#         fuzz/corpus/<name>; new inputs go to build-test-fuzz/corpus, the committed seeds are
+#         read only. A crash fails the stage and names the input: add it to fuzz/corpus/<name>/
+#         (the replay suite, tests/test_fuzz_replay.cpp, then keeps it fixed) and fix the bug.
+#
+# Usage: scripts/reliability.sh [asan] [tsan] [fuzz]   (no argument: all three)
+# Nothing is suppressed for project code. ASan's allocator returns null instead of aborting on an
+# impossible request (allocator_may_return_null=1), as malloc does: the tests check that the
+# library turns that into an Error. GCC's -Wmaybe-uninitialized is off in the sanitized builds
+# only (GCC documents false positives under -fsanitize; the main build keeps it, with -Werror).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs="$(nproc)"
+fuzz_seconds="${FUZZ_SECONDS:-60}"
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(asan tsan fuzz)
+
+export ASAN_OPTIONS="detect_leaks=1:allocator_may_return_null=1:strict_string_checks=1:check_initialization_order=1:detect_stack_use_after_return=1"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1"
+
+common=(-DW4A8MOE_WERROR=ON -DW4A8MOE_BUILD_BENCH=OFF -DW4A8MOE_BUILD_TORCH=OFF
+        -DCMAKE_CXX_FLAGS=-Wno-maybe-uninitialized)
+
+asan_stage() {
+  cmake -S . -B build-test-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DW4A8MOE_SANITIZE=address,undefined "${common[@]}" >/dev/null
+  cmake --build build-test-asan -j"$jobs"
+  ctest --test-dir build-test-asan --output-on-failure -j"$jobs"
+}
+
+tsan_stage() {
+  cmake -S . -B build-test-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DW4A8MOE_SANITIZE=thread \
+    -DW4A8MOE_BUILD_TOOLS=OFF "${common[@]}" >/dev/null
+  cmake --build build-test-tsan -j"$jobs" --target w4a8moe_tests
+  local best
+  best="$(build-test-tsan/tests/w4a8moe_tests --gtest_list_tests >/dev/null && \
+          grep -m1 -oE 'avx512vnni|avxvnni|avx2|neoni8mm|neondot|neon' \
+            <(W4A8MOE_ISA= build-test-tsan/tests/w4a8moe_tests \
+                --gtest_filter='KernelSetQueries.*' 2>&1; echo) || true)"
+  local filter='Cases/Threads.*:ThreadsContext.*:ForwardInput.EmptyBatchIsANoOp'
+  filter+=':Forward/FeatureGrid.*T64*:SpecialRows.NanOrInfInXStaysInItsToken'
+  for isa in scalar ${best:-}; do
+    echo "-- tsan: kernel set $isa"
+    W4A8MOE_ISA="$isa" build-test-tsan/tests/w4a8moe_tests --gtest_filter="$filter" \
+      --gtest_brief=1
+  done
+}
+
+fuzz_stage() {
+  cmake -S . -B build-test-fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DW4A8MOE_SANITIZE=address,undefined -DW4A8MOE_BUILD_FUZZ=ON -DW4A8MOE_BUILD_TESTS=OFF \
+    -DW4A8MOE_BUILD_BENCH=OFF -DW4A8MOE_BUILD_TOOLS=OFF -DW4A8MOE_BUILD_TORCH=OFF >/dev/null
+  local names=(api packed packed_file safetensors)
+  cmake --build build-test-fuzz -j"$jobs" --target "${names[@]/#/w4a8moe_fuzz_}"
+  local pids=() status=0 name
+  for name in "${names[@]}"; do
+    mkdir -p "build-test-fuzz/corpus/$name" "build-test-fuzz/artifacts/$name"
+  done
+  # Two at a time (one per core); each is one process.
+  run_one() {
+    local name=$1 max_len=16384
+    [ "$name" = api ] && max_len=512
+    if build-test-fuzz/fuzz/w4a8moe_fuzz_"$name" -max_total_time="$fuzz_seconds" -timeout=20 \
+         -rss_limit_mb=2048 -max_len="$max_len" -print_final_stats=1 \
+         -artifact_prefix="build-test-fuzz/artifacts/$name/" \
+         "build-test-fuzz/corpus/$name" "fuzz/corpus/$name" >"build-test-fuzz/$name.log" 2>&1; then
+      echo "-- fuzz $name: $(grep -m1 -oE 'stat::number_of_executed_units: *[0-9]+' \
+        "build-test-fuzz/$name.log" | grep -oE '[0-9]+$') runs, no finding"
+    else
+      echo "-- fuzz $name: FINDING (log build-test-fuzz/$name.log):"
+      grep -E 'finding|ERROR|SUMMARY|Test unit written' "build-test-fuzz/$name.log" | head -20
+      return 1
+    fi
+  }
+  local running=0
+  for name in "${names[@]}"; do
+    run_one "$name" &
+    pids+=($!)
+    running=$((running + 1))
+    if [ "$running" -ge "$jobs" ]; then
+      wait "${pids[0]}" || status=1
+      pids=("${pids[@]:1}")
+      running=$((running - 1))
+    fi
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+  return "$status"
+}
+
+for stage in "${stages[@]}"; do
+  start=$SECONDS
+  echo "== reliability stage: $stage =="
+  "${stage}_stage"
+  echo "== reliability stage: $stage: $((SECONDS - start)) s =="
+done

@@ -1,0 +1,446 @@
+// One MoE layer of a GGUF file (issue 7).
+//
+// Tensors of layer N ("blk.N."), in GGUF's dimension order (ne[0] innermost):
+//   ffn_gate_inp.weight [H, E]        router (f32 math), optional ffn_gate_inp.bias [E]
+//   exp_probs_b.bias [E]              DeepSeek-V3's selection (correction) bias, optional
+//   ffn_gate_exps.weight [H, I, E]    = row-major [E, I, H]; likewise ffn_up_exps
+//   ffn_down_exps.weight [I, H, E]    = row-major [E, H, I]
+//   ffn_{gate,up,down}_exps.bias      gpt-oss: [I, E], [I, E], [H, E]
+// Metadata "<arch>.": expert_count, expert_used_count, embedding_length,
+// expert_feed_forward_length, expert_gating_func (1 softmax, 2 sigmoid, 3 softmax over the chosen
+// logits), expert_weights_norm, expert_weights_scale, expert_group_count,
+// expert_group_used_count. Where a key is absent the architecture's llama.cpp default applies.
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <map>
+
+#include "common/format.hpp"
+#include "common/numeric.hpp"
+#include "io/checkpoint.hpp"
+#include "io/convert.hpp"
+#include "io/gguf.hpp"
+
+namespace w4a8moe::io {
+
+namespace {
+
+using detail::cat;
+
+// What llama.cpp does for each architecture when the metadata does not say.
+struct ArchDefaults {
+  const char* arch;
+  Gating gating;
+  bool renormalize;
+  Activation activation;
+  bool on_input;
+};
+constexpr ArchDefaults kArchs[] = {
+    {"llama", Gating::softmax, true, Activation::silu, false},  // Mixtral
+    {"qwen2moe", Gating::softmax, false, Activation::silu, false},
+    {"qwen3moe", Gating::softmax, true, Activation::silu, false},
+    {"qwen3vlmoe", Gating::softmax, true, Activation::silu, false},
+    {"olmoe", Gating::softmax, false, Activation::silu, false},
+    {"deepseek2", Gating::softmax, false, Activation::silu, false},
+    {"gpt-oss", Gating::softmax_topk, false, Activation::swigluoai, false},
+    {"llama4", Gating::sigmoid, false, Activation::silu, true},
+};
+
+std::string known_archs() {
+  std::string s;
+  for (const ArchDefaults& a : kArchs) s += cat(s.empty() ? "" : ", ", a.arch);
+  return s;
+}
+
+enum class Kind { exact_q4_0, convert };
+
+class GgufLayer final : public LayerSource {
+ public:
+  GgufLayer(const std::string& path, int layer, const LoadOptions& options);
+  Router router() const override;
+  void load_expert(int64_t e, const ExpertSlot& slot) const override;
+  void release_expert(int64_t e) const override;
+
+ private:
+  [[noreturn]] void fail(const std::string& problem) const {
+    throw Error(cat("GGUF file '", path_, "': ", problem));
+  }
+  void open_splits();
+  std::string name(const char* suffix) const { return cat("blk.", info_.layer, ".", suffix); }
+  const GgufFile& meta() const { return files_.front(); }
+  const GgufTensor* find_tensor(const std::string& n) const;
+  const GgufFile& owner(const GgufTensor& t) const;  // the file holding t
+  std::span<const uint8_t> bytes(const GgufTensor& t) const { return owner(t).bytes(t); }
+  const GgufTensor& require(const char* suffix) const;
+  const GgufTensor* optional(const char* suffix) const { return find_tensor(name(suffix)); }
+  void check_shape(const GgufTensor& t, std::initializer_list<int64_t> ne) const;
+  void check_float_type(const GgufTensor& t) const;
+  std::vector<float> read_floats(const GgufTensor& t) const;
+  // Rows [row0, row0 + rows) of expert e of an expert tensor, into nibbles and scales (row r of
+  // the slot starts at nibbles + r * cols / 2 and scales + r * groups).
+  void load_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales, DType scale_dtype,
+                 float* bias) const;
+
+  std::string path_;             // as given
+  std::vector<GgufFile> files_;  // the metadata file first, then the other splits (if split)
+  LoadOptions options_;
+  const GgufTensor* experts_[3] = {};  // gate, up, down
+  const GgufTensor* bias_[3] = {};
+  Kind kind_[3] = {};
+};
+
+const GgufTensor* GgufLayer::find_tensor(const std::string& n) const {
+  for (const GgufFile& f : files_)
+    if (const GgufTensor* t = f.find_tensor(n)) return t;
+  return nullptr;
+}
+
+const GgufFile& GgufLayer::owner(const GgufTensor& t) const {
+  const std::less<const GgufTensor*> before;
+  for (const GgufFile& f : files_)
+    if (!f.tensors().empty() && !before(&t, &f.tensors().front()) &&
+        !before(&f.tensors().back(), &t))
+      return f;
+  fail(cat("tensor '", t.name, "' belongs to no file (internal error)"));
+}
+
+// A model split by llama.cpp's gguf-split: "<prefix>-00001-of-0000N.gguf" ... with metadata
+// split.no (0-based) and split.count in every file; the first holds the model's metadata.
+void GgufLayer::open_splits() {
+  const std::optional<int64_t> count = files_.front().get_int("split.count");
+  if (!count || *count <= 1) return;
+  // "<prefix>-NNNNN-of-MMMMM.gguf": 20 characters after the prefix
+  const auto digits = [&](size_t at) {
+    int64_t v = 0;
+    for (size_t i = at; i < at + 5; ++i) {
+      if (path_[i] < '0' || path_[i] > '9') return int64_t{-1};
+      v = v * 10 + (path_[i] - '0');
+    }
+    return v;
+  };
+  const size_t n = path_.size();
+  const bool named = n > 20 && path_[n - 20] == '-' && path_.compare(n - 14, 4, "-of-") == 0 &&
+                     path_.compare(n - 5, 5, ".gguf") == 0 && digits(n - 19) >= 1 &&
+                     digits(n - 10) == *count && digits(n - 19) <= *count;
+  if (!named)
+    fail(cat("metadata 'split.count' says the model is split in ", *count,
+             " files, but the name does not end in -NNNNN-of-", *count, ".gguf"));
+  const std::string prefix = path_.substr(0, n - 20);
+  const int64_t given_no = digits(n - 19) - 1;
+  GgufFile given = std::move(files_.front());
+  files_.clear();
+  for (int64_t i = 0; i < *count; ++i) {
+    char suffix[64];
+    std::snprintf(suffix, sizeof suffix, "-%05lld-of-%05lld.gguf", static_cast<long long>(i + 1),
+                  static_cast<long long>(*count));
+    files_.push_back(i == given_no ? std::move(given) : GgufFile::open(prefix + suffix));
+    const GgufFile& f = files_.back();
+    const std::optional<int64_t> no = f.get_int("split.no");
+    const std::optional<int64_t> total = f.get_int("split.count");
+    if (no != i || total != *count)
+      throw Error(cat("GGUF file '", f.path(), "': expected split ", i, " of ", *count,
+                      " (metadata split.no and split.count), got split.no ",
+                      no ? std::to_string(*no) : "(none)", " and split.count ",
+                      total ? std::to_string(*total) : "(none)"));
+  }
+}
+
+const GgufTensor& GgufLayer::require(const char* suffix) const {
+  const GgufTensor* t = find_tensor(name(suffix));
+  if (t == nullptr) fail(cat("tensor '", name(suffix), "' is missing"));
+  return *t;
+}
+
+void GgufLayer::check_shape(const GgufTensor& t, std::initializer_list<int64_t> ne) const {
+  bool ok = t.n_dims == static_cast<int>(ne.size());
+  int i = 0;
+  for (const int64_t d : ne) ok = ok && t.ne[static_cast<size_t>(i++)] == d;
+  if (ok) return;
+  std::string want = "[", got = "[";
+  i = 0;
+  for (const int64_t d : ne) want += cat(i++ ? ", " : "", d);
+  for (int k = 0; k < t.n_dims; ++k) got += cat(k ? ", " : "", t.ne[static_cast<size_t>(k)]);
+  fail(cat("tensor '", t.name, "' must have ne ", want, "] (GGUF order, innermost first), got ",
+           got, "]"));
+}
+
+void GgufLayer::check_float_type(const GgufTensor& t) const {
+  const std::optional<GgmlTypeInfo> info = ggml_type_info(t.type);
+  if (!info || !info->dequantizable)
+    fail(cat("tensor '", t.name, "' has type ", ggml_type_label(t.type),
+             ", which w4a8moe cannot read (it reads ", ggml_dequantizable_names(), ")"));
+}
+
+std::vector<float> GgufLayer::read_floats(const GgufTensor& t) const {
+  check_float_type(t);
+  std::vector<float> out(static_cast<size_t>(t.ne[0] * t.rows()));
+  const std::span<const uint8_t> data = bytes(t);
+  for (int64_t r = 0; r < t.rows(); ++r)
+    ggml_dequantize_row(static_cast<GgmlType>(t.type),
+                        data.data() + r * static_cast<int64_t>(t.row_bytes()), t.ne[0],
+                        out.data() + r * t.ne[0]);
+  return out;
+}
+
+GgufLayer::GgufLayer(const std::string& path, int layer, const LoadOptions& options)
+    : path_(path), options_(options) {
+  files_.push_back(GgufFile::open(path));
+  open_splits();
+  const GgufFile& meta_file = meta();
+  info_.format = "gguf";
+  info_.layer = layer;
+  const std::optional<std::string> arch = meta_file.get_string("general.architecture");
+  if (!arch) fail("metadata 'general.architecture' is missing");
+  info_.model = *arch;
+  const auto key = [&](const char* suffix) { return cat(*arch, ".", suffix); };
+  const ArchDefaults* defaults = nullptr;
+  for (const ArchDefaults& a : kArchs)
+    if (*arch == a.arch) defaults = &a;
+  if (defaults == nullptr)
+    fail(cat("architecture '", *arch, "' is not one whose routing w4a8moe knows (", known_archs(),
+             ")"));
+
+  if (const std::optional<int64_t> blocks = meta_file.get_int(key("block_count")))
+    if (layer >= *blocks)
+      fail(cat("layer ", layer, " does not exist: the model has ", *blocks, " blocks (",
+               key("block_count"), ")"));
+  if (find_tensor(name("ffn_gate_exps.weight")) == nullptr) {
+    std::string why;
+    if (const auto dense = meta_file.get_int(key("leading_dense_block_count"));
+        dense && layer < *dense)
+      why =
+          cat(" (the first ", *dense, " blocks are dense: ", key("leading_dense_block_count"), ")");
+    if (find_tensor(name("ffn_gate.0.weight")) != nullptr)
+      why =
+          " (it stores one tensor per expert, an old GGUF layout w4a8moe does not read; convert "
+          "the model again with a current llama.cpp)";
+    fail(cat("layer ", layer, " has no MoE experts: tensor '", name("ffn_gate_exps.weight"),
+             "' is missing", why));
+  }
+  static const char* const kExperts[3] = {"ffn_gate_exps.weight", "ffn_up_exps.weight",
+                                          "ffn_down_exps.weight"};
+  static const char* const kBiases[3] = {"ffn_gate_exps.bias", "ffn_up_exps.bias",
+                                         "ffn_down_exps.bias"};
+  for (int i = 0; i < 3; ++i) experts_[i] = &require(kExperts[i]);
+  const GgufTensor& gate = *experts_[0];
+  if (gate.n_dims != 3)
+    fail(cat("tensor '", gate.name, "' must have 3 dimensions [H, I, E], got ", gate.n_dims));
+  const int64_t H = gate.ne[0], I = gate.ne[1], E = gate.ne[2];
+  check_shape(*experts_[1], {H, I, E});
+  check_shape(*experts_[2], {I, H, E});
+  const GgufTensor& router = require("ffn_gate_inp.weight");
+  check_shape(router, {H, E});
+  check_float_type(router);
+  if (H < 2 || I < 2 || E < 1 || H % 2 != 0 || I % 2 != 0)
+    fail(cat("tensor '", gate.name, "' has ne [", H, ", ", I, ", ", E,
+             "]: w4a8moe needs even, non-zero H and I and at least one expert"));
+  info_.hidden = H;
+  info_.inter = I;
+  info_.experts = E;
+
+  const auto check_meta = [&](const char* suffix, int64_t want, const char* what) {
+    if (const std::optional<int64_t> v = meta_file.get_int(key(suffix)); v && *v != want)
+      fail(cat("metadata '", key(suffix), "' says ", *v, " but tensor '", gate.name, "' has ", want,
+               " ", what));
+  };
+  check_meta("expert_count", E, "experts");
+  check_meta("embedding_length", H, "columns (the hidden size)");
+  check_meta("expert_feed_forward_length", I, "rows (the expert intermediate size)");
+  const std::optional<int64_t> used = meta_file.get_int(key("expert_used_count"));
+  if (!used) fail(cat("metadata '", key("expert_used_count"), "' (experts per token) is missing"));
+  if (*used < 1 || *used > E)
+    fail(cat("metadata '", key("expert_used_count"), "' must be 1 to ", E, ", got ", *used));
+  info_.top_k = *used;
+
+  // Biases: all three or none.
+  int biases = 0;
+  for (int i = 0; i < 3; ++i) biases += (bias_[i] = optional(kBiases[i])) != nullptr;
+  if (biases != 0 && biases != 3)
+    fail(cat("layer ", layer, " has ", biases, " of the 3 expert bias tensors (",
+             name("ffn_{gate,up,down}_exps.bias"), "): expected all or none"));
+  if (biases == 3) {
+    check_shape(*bias_[0], {I, E});
+    check_shape(*bias_[1], {I, E});
+    check_shape(*bias_[2], {H, E});
+    for (const GgufTensor* b : bias_) check_float_type(*b);
+    info_.expert_bias = true;
+  }
+
+  // Types: Q4_0 is exact; others are converted (or refused).
+  bool any_exact = false;
+  conversions_.resize(3);
+  for (int i = 0; i < 3; ++i) {
+    const GgufTensor& t = *experts_[i];
+    const std::optional<GgmlTypeInfo> type = ggml_type_info(t.type);
+    conversions_[static_cast<size_t>(i)].tensor = t.name;
+    conversions_[static_cast<size_t>(i)].source = type->name;
+    if (t.type == static_cast<uint32_t>(GgmlType::q4_0)) {
+      kind_[i] = Kind::exact_q4_0;
+      any_exact = true;
+      continue;
+    }
+    if (!type->dequantizable)
+      fail(cat("tensor '", t.name, "' has type ", type->name,
+               ", which w4a8moe cannot convert to int4 (exact: Q4_0; converted: ",
+               ggml_dequantizable_names(), ")"));
+    if (options.require_exact)
+      fail(cat("tensor '", t.name, "' has type ", type->name,
+               ", which does not map exactly onto int4 (only Q4_0 does); allow the conversion "
+               "to requantize it"));
+    kind_[i] = Kind::convert;
+    conversions_[static_cast<size_t>(i)].exact = false;
+  }
+  info_.group_size = any_exact ? 32 : options.group_size;
+  if (any_exact && options.group_size != 32)
+    info_.notes.push_back(cat("group size 32 (Q4_0's blocks) instead of ", options.group_size,
+                              " for the converted tensors, so w13 and w2 share it"));
+  const int g = info_.group_size;
+  if (g != -1 && (g <= 0 || g % 32 != 0 || H % g != 0 || I % g != 0))
+    fail(cat("group size ", g, " must be -1 or a multiple of 32 dividing H = ", H, " and I = ", I));
+  info_.w13_scale_dtype =
+      kind_[0] == Kind::exact_q4_0 && kind_[1] == Kind::exact_q4_0 ? DType::f16 : DType::f32;
+  info_.w2_scale_dtype = kind_[2] == Kind::exact_q4_0 ? DType::f16 : DType::f32;
+
+  // Routing.
+  RoutingConfig& r = info_.routing;
+  r.experts = E;
+  r.top_k = info_.top_k;
+  r.gating = defaults->gating;
+  if (const std::optional<int64_t> f = meta_file.get_int(key("expert_gating_func"))) {
+    if (*f == 1) {
+      r.gating = Gating::softmax;
+    } else if (*f == 2) {
+      r.gating = Gating::sigmoid;
+    } else if (*f == 3) {
+      r.gating = Gating::softmax_topk;
+    } else {
+      fail(cat("metadata '", key("expert_gating_func"), "' is ", *f,
+               ", not a gating function w4a8moe knows (1 softmax, 2 sigmoid, 3 softmax over the "
+               "chosen)"));
+    }
+  }
+  r.renormalize = defaults->renormalize;
+  if (const std::optional<bool> norm = meta_file.get_bool(key("expert_weights_norm")))
+    r.renormalize = *norm;
+  if (const std::optional<double> scale = meta_file.get_float(key("expert_weights_scale"));
+      scale && *scale != 0.0)
+    r.scaling = static_cast<float>(*scale);
+  const std::optional<int64_t> groups = meta_file.get_int(key("expert_group_count"));
+  const std::optional<int64_t> groups_used = meta_file.get_int(key("expert_group_used_count"));
+  if (groups && *groups > 1) {
+    r.groups = *groups;
+    r.groups_used = groups_used.value_or(*groups);
+    r.group_score = r.gating == Gating::sigmoid ? GroupScore::top2_sum : GroupScore::max;
+  }
+  try {
+    check_routing_config(r);
+  } catch (const Error& e) {
+    fail(cat("the routing metadata does not fit: ", e.what()));
+  }
+  if (const GgufTensor* b = optional("ffn_gate_inp.bias")) {
+    check_shape(*b, {E});
+    check_float_type(*b);
+  }
+  if (const GgufTensor* b = optional("exp_probs_b.bias")) {
+    check_shape(*b, {E});
+    check_float_type(*b);
+  }
+  info_.params.activation = defaults->activation;
+  info_.params.apply_router_weight_on_input = defaults->on_input;
+  if (defaults->on_input && info_.top_k != 1)
+    info_.notes.push_back(cat("the router weight is applied on the input with top-k ", info_.top_k,
+                              " (Llama-4 uses 1)"));
+  if (optional("ffn_gate_shexp.weight") != nullptr || optional("ffn_up_shexp.weight") != nullptr)
+    info_.notes.push_back(
+        "the file's shared expert is not included in `out` (routed experts only)");
+}
+
+Router GgufLayer::router() const {
+  Router out;
+  out.weight = read_floats(require("ffn_gate_inp.weight"));
+  if (const GgufTensor* b = optional("ffn_gate_inp.bias")) out.bias = read_floats(*b);
+  if (const GgufTensor* b = optional("exp_probs_b.bias")) out.selection_bias = read_floats(*b);
+  return out;
+}
+
+void GgufLayer::load_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales,
+                          DType scale_dtype, float* bias) const {
+  const GgufTensor& t = *experts_[which];
+  const int64_t cols = t.ne[0], rows = t.ne[1];
+  const int g = info_.group_size;
+  const int64_t groups = g == -1 ? 1 : cols / g;
+  const uint64_t row_bytes = t.row_bytes();
+  const uint8_t* base =
+      bytes(t).data() + static_cast<uint64_t>(e) * static_cast<uint64_t>(rows) * row_bytes;
+  if (kind_[which] == Kind::exact_q4_0) {
+    // block: f16 d, then 16 bytes: element j in the low nibble of byte j, element j + 16 in the
+    // high nibble, each stored as q = value + 8 -- exactly the nibble the packer takes.
+    for (int64_t n = 0; n < rows; ++n) {
+      const uint8_t* src = base + static_cast<uint64_t>(n) * row_bytes;
+      uint8_t* dst = nibbles + n * (cols / 2);
+      for (int64_t b = 0; b < cols / 32; ++b) {
+        const uint8_t* blk = src + b * 18;
+        uint16_t d;
+        std::memcpy(&d, blk, 2);
+        if (scale_dtype == DType::f16) {
+          std::memcpy(scales + (n * groups + b) * 2, &d, 2);
+        } else {
+          store_scale(scales, scale_dtype, n * groups + b, detail::f16_to_f32(d));
+        }
+        const uint8_t* qs = blk + 2;
+        const auto q = [&](int i) { return i < 16 ? (qs[i] & 0x0f) : (qs[i - 16] >> 4); };
+        for (int m = 0; m < 16; ++m)
+          dst[b * 16 + m] = static_cast<uint8_t>(q(2 * m) | (q(2 * m + 1) << 4));
+      }
+    }
+  } else {
+    Conversion stats;
+    std::vector<float> row(static_cast<size_t>(cols));
+    std::vector<float> row_scales(static_cast<size_t>(groups));
+    for (int64_t n = 0; n < rows; ++n) {
+      ggml_dequantize_row(static_cast<GgmlType>(t.type),
+                          base + static_cast<uint64_t>(n) * row_bytes, cols, row.data());
+      convert_row(row.data(), cols, g, options_.rule, nibbles + n * (cols / 2), row_scales.data(),
+                  stats, cat("tensor '", t.name, "' expert ", e, " row ", n));
+      for (int64_t b = 0; b < groups; ++b)
+        store_scale(scales, scale_dtype, n * groups + b, row_scales[static_cast<size_t>(b)]);
+    }
+    add_conversion(which, stats);
+  }
+  if (bias != nullptr) {
+    const GgufTensor& bt = *bias_[which];
+    const uint64_t bias_row_bytes = bt.row_bytes();
+    ggml_dequantize_row(static_cast<GgmlType>(bt.type),
+                        bytes(bt).data() + static_cast<uint64_t>(e) * bias_row_bytes, bt.ne[0],
+                        bias);
+  }
+}
+
+void GgufLayer::load_expert(int64_t e, const ExpertSlot& slot) const {
+  const int64_t H = info_.hidden, I = info_.inter;
+  const int g = info_.group_size;
+  const int64_t g13 = g == -1 ? 1 : H / g;
+  const size_t s13 = dtype_bytes(info_.w13_scale_dtype);
+  load_rows(0, e, slot.w13, slot.w13_scale, info_.w13_scale_dtype, slot.w13_bias);
+  load_rows(1, e, slot.w13 + I * (H / 2), slot.w13_scale + static_cast<size_t>(I * g13) * s13,
+            info_.w13_scale_dtype, slot.w13_bias != nullptr ? slot.w13_bias + I : nullptr);
+  load_rows(2, e, slot.w2, slot.w2_scale, info_.w2_scale_dtype, slot.w2_bias);
+}
+
+void GgufLayer::release_expert(int64_t e) const {
+  for (const GgufTensor* t : experts_) {
+    const uint64_t expert_bytes = t->bytes / static_cast<uint64_t>(t->ne[2]);
+    owner(*t).file().release(t->file_offset + static_cast<uint64_t>(e) * expert_bytes,
+                             expert_bytes);
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<LayerSource> open_gguf_layer(const std::string& path, int layer,
+                                             const LoadOptions& options) {
+  return std::make_unique<GgufLayer>(path, layer, options);
+}
+
+}  // namespace w4a8moe::io

@@ -1,0 +1,160 @@
+// Kernel set "neon": baseline NEON (no dot product) on layout qu4_p8k8, plus the set's
+// activation. Widening multiplies: `smlal`/`smlal2` multiply 8 offset nibbles (w + 8, 0..15) by 8
+// s8 activations into int16 lanes, 2 products per lane per 8 columns; after a block of 32 columns
+// (8 products, |sum| <= 8 * 15 * 128 = 15360 < 32767) the lanes are widened and pairwise added
+// into int32 row sums.
+//
+// qu4_p8k8: per 8 columns, 32 bytes: rows 0-3 then rows 4-7, 4 bytes a row; byte j holds column
+// j (low nibble) and column 4 + j (high nibble). The low nibbles of 16 bytes are 4 rows x 4
+// columns; a 32-bit broadcast of the activations' 4 columns lines up with them.
+#if !defined(__aarch64__) || !defined(__ARM_NEON)
+#error "this file must be compiled for AArch64 (NEON)"
+#endif
+#include <arm_neon.h>
+
+#include <cstring>
+
+#include "kernels/arm_neon/arm_kernels.hpp"
+#include "kernels/arm_neon/neon_common.hpp"
+#include "kernels/common/activation_vec.hpp"
+
+namespace w4a8moe::detail::neon {
+
+namespace {
+
+constexpr int64_t kPanel = 8;
+
+inline int8x16_t broadcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return vreinterpretq_s8_s32(vdupq_n_s32(v));
+}
+
+// int16 lanes (row, column) of two rows -> int32 per row, for rows r..r+3 from two such vectors.
+inline int32x4_t row_sums(int16x8_t rows01, int16x8_t rows23) {
+  return vpaddq_s32(vpaddlq_s16(rows01), vpaddlq_s16(rows23));
+}
+
+// M activation rows x NP panels of 8 output rows from padded row n0.
+template <int M, int NP>
+void tile(const GemmArgs& args, int64_t n0) {
+  const Geometry& g = *args.geometry;
+  const int64_t panel_bytes = kPanel * g.row_weight_bytes;
+  const int64_t first_panel = n0 / kPanel;
+  const uint8_t* w = args.expert + g.weights_offset + first_panel * panel_bytes;
+  const uint8_t* scales = args.expert + g.scales_offset;
+  const bool channelwise = g.group_size < 0;
+  const uint8x16_t low4 = vdupq_n_u8(0x0f);
+
+  const int8_t* q[M];
+  for (int m = 0; m < M; ++m) q[m] = static_cast<const int8_t*>(args.a[m].data);
+  float32x4_t facc[M][NP][2];
+  int32x4_t sum[M][NP][2];  // rows 0-3 and 4-7 of each panel
+  for (int m = 0; m < M; ++m)
+    for (int p = 0; p < NP; ++p)
+      for (int h = 0; h < 2; ++h) {
+        facc[m][p][h] = vdupq_n_f32(0.0f);
+        sum[m][p][h] = vdupq_n_s32(0);
+      }
+
+  for (int64_t b = 0; b < g.groups; ++b) {
+    for (int m = 0; m < M; ++m) {
+      const int32x4_t term = vdupq_n_s32(args.a[m].group_terms[b]);
+      for (int p = 0; p < NP; ++p) sum[m][p][0] = sum[m][p][1] = term;
+    }
+    for (int64_t k0 = b * g.group_len; k0 < (b + 1) * g.group_len; k0 += 32) {
+      int16x8_t acc[M][NP][4];  // rows 0-1, 2-3, 4-5, 6-7
+      for (int m = 0; m < M; ++m)
+        for (int p = 0; p < NP; ++p)
+          for (int i = 0; i < 4; ++i) acc[m][p][i] = vdupq_n_s16(0);
+      for (int c = 0; c < 4; ++c) {
+        const int64_t k = k0 + 8 * c;
+        int8x16_t lo0[NP], hi0[NP], lo1[NP], hi1[NP];
+        for (int p = 0; p < NP; ++p) {
+          const uint8_t* wc = w + p * panel_bytes + k * 4;
+          const uint8x16_t r0 = vld1q_u8(wc), r1 = vld1q_u8(wc + 16);
+          lo0[p] = vreinterpretq_s8_u8(vandq_u8(r0, low4));
+          hi0[p] = vreinterpretq_s8_u8(vshrq_n_u8(r0, 4));
+          lo1[p] = vreinterpretq_s8_u8(vandq_u8(r1, low4));
+          hi1[p] = vreinterpretq_s8_u8(vshrq_n_u8(r1, 4));
+        }
+        for (int m = 0; m < M; ++m) {
+          const int8x16_t al = broadcast4(q[m] + k), ah = broadcast4(q[m] + k + 4);
+          const int8x8_t al8 = vget_low_s8(al), ah8 = vget_low_s8(ah);
+          for (int p = 0; p < NP; ++p) {
+            int16x8_t* a = acc[m][p];
+            a[0] = vmlal_s8(vmlal_s8(a[0], vget_low_s8(lo0[p]), al8), vget_low_s8(hi0[p]), ah8);
+            a[1] = vmlal_high_s8(vmlal_high_s8(a[1], lo0[p], al), hi0[p], ah);
+            a[2] = vmlal_s8(vmlal_s8(a[2], vget_low_s8(lo1[p]), al8), vget_low_s8(hi1[p]), ah8);
+            a[3] = vmlal_high_s8(vmlal_high_s8(a[3], lo1[p], al), hi1[p], ah);
+          }
+        }
+      }
+      for (int m = 0; m < M; ++m)
+        for (int p = 0; p < NP; ++p) {
+          sum[m][p][0] = vaddq_s32(sum[m][p][0], row_sums(acc[m][p][0], acc[m][p][1]));
+          sum[m][p][1] = vaddq_s32(sum[m][p][1], row_sums(acc[m][p][2], acc[m][p][3]));
+        }
+    }
+    if (!channelwise) {
+      for (int p = 0; p < NP; ++p)
+        for (int h = 0; h < 2; ++h) {
+          const float32x4_t s = load_scales4(scales, g.scale_dtype,
+                                             ((first_panel + p) * g.groups + b) * kPanel + 4 * h);
+          for (int m = 0; m < M; ++m)
+            facc[m][p][h] = vfmaq_f32(facc[m][p][h], vcvtq_f32_s32(sum[m][p][h]), s);
+        }
+    }
+  }
+
+  for (int p = 0; p < NP; ++p)
+    for (int h = 0; h < 2; ++h) {
+      const int64_t n = n0 + p * kPanel + 4 * h;
+      const uint8_t* corr = args.expert + g.correction_offset + n * 4;
+      const float32x4_t bias = load_bias4(g, args.expert, n);
+      float* out = args.c + (n - args.n_begin);
+      if (channelwise) {
+        const int32x4_t wsum = vld1q_s32(reinterpret_cast<const int32_t*>(corr));
+        const float32x4_t s =
+            load_scales4(scales, g.scale_dtype, (first_panel + p) * kPanel + 4 * h);
+        for (int m = 0; m < M; ++m)
+          vst1q_f32(out + m * args.c_stride,
+                    finish_channelwise(sum[m][p][h], vdupq_n_s32(args.a[m].zp),
+                                       vdupq_n_f32(args.a[m].recip), wsum, s, bias));
+      } else {
+        const float32x4_t zsum = vld1q_f32(reinterpret_cast<const float*>(corr));
+        for (int m = 0; m < M; ++m)
+          vst1q_f32(out + m * args.c_stride,
+                    finish_groupwise(facc[m][p][h], vdupq_n_f32(static_cast<float>(args.a[m].zp)),
+                                     vdupq_n_f32(args.a[m].recip), zsum, bias));
+      }
+    }
+}
+
+template <int M, int NP>
+void run(const GemmArgs& args) {
+  int64_t n = args.n_begin;
+  for (; n + NP * kPanel <= args.n_end; n += NP * kPanel) tile<M, NP>(args, n);
+  for (; n < args.n_end; n += kPanel) tile<M, 1>(args, n);
+}
+
+}  // namespace
+
+void gemm_qa8_qu4p8(const GemmArgs& args) {
+  switch (args.m) {
+    case 1:
+      return run<1, 2>(args);
+    case 2:
+      return run<2, 1>(args);
+    case 3:
+      return run<3, 1>(args);
+    default:
+      return run<4, 1>(args);
+  }
+}
+
+void activate(const MoeParams& params, const float* gate, const float* up, float* m, int64_t n) {
+  activate_vec(params, gate, up, m, n);
+}
+
+}  // namespace w4a8moe::detail::neon

@@ -1,0 +1,137 @@
+// Kernel set "neondot": `sdot` by element on layout qu4_p8k8, up to 4 activation rows (decode),
+// plus the set's activation; built with -march=armv8.2-a+dotprod.
+//
+// qu4_p8k8: per 8 columns, 32 bytes: rows 0-3 then rows 4-7, 4 bytes a row; byte j holds column
+// j (low nibble) and column 4 + j (high nibble), as w + 8. The low nibbles of 16 bytes are 4 rows
+// x 4 columns: one `sdot v.4s, w.16b, a.4b[lane]` adds 4 products to each of 4 output rows, the
+// lane picking the activations' 4 columns from one 16-byte load of 16 columns. Per 64 weights
+// (8 rows x 8 columns): 2 loads (16 bytes), 4 unpack ops (and, ushr) shared by the rows, and 4
+// `sdot` per activation row. The group's sum starts from the quantizer's term -8 * SUM q.
+#if !defined(__aarch64__) || !defined(__ARM_FEATURE_DOTPROD)
+#error "this file must be compiled with -march=armv8.2-a+dotprod"
+#endif
+#include <arm_neon.h>
+
+#include "kernels/arm_neon/arm_kernels.hpp"
+#include "kernels/arm_neon/neon_common.hpp"
+#include "kernels/common/activation_vec.hpp"
+
+namespace w4a8moe::detail::neondot {
+
+namespace {
+
+constexpr int64_t kPanel = 8;
+
+// M activation rows x NP panels of 8 output rows from padded row n0.
+template <int M, int NP>
+void tile(const GemmArgs& args, int64_t n0) {
+  const Geometry& g = *args.geometry;
+  const int64_t panel_bytes = kPanel * g.row_weight_bytes;
+  const int64_t first_panel = n0 / kPanel;
+  const uint8_t* w = args.expert + g.weights_offset + first_panel * panel_bytes;
+  const uint8_t* scales = args.expert + g.scales_offset;
+  const bool channelwise = g.group_size < 0;
+  const uint8x16_t low4 = vdupq_n_u8(0x0f);
+
+  const int8_t* q[M];
+  for (int m = 0; m < M; ++m) q[m] = static_cast<const int8_t*>(args.a[m].data);
+  float32x4_t facc[M][NP][2];
+  int32x4_t sum[M][NP][2];  // rows 0-3 and 4-7 of each panel
+  for (int m = 0; m < M; ++m)
+    for (int p = 0; p < NP; ++p)
+      for (int h = 0; h < 2; ++h) {
+        facc[m][p][h] = vdupq_n_f32(0.0f);
+        sum[m][p][h] = vdupq_n_s32(0);
+      }
+
+  for (int64_t b = 0; b < g.groups; ++b) {
+    for (int m = 0; m < M; ++m) {
+      const int32x4_t term = vdupq_n_s32(args.a[m].group_terms[b]);
+      for (int p = 0; p < NP; ++p) sum[m][p][0] = sum[m][p][1] = term;
+    }
+    for (int64_t k = b * g.group_len; k < (b + 1) * g.group_len; k += 16) {
+      int8x16_t a[M];
+      for (int m = 0; m < M; ++m) a[m] = vld1q_s8(q[m] + k);
+      for (int p = 0; p < NP; ++p) {
+        const uint8_t* wc = w + p * panel_bytes + k * 4;  // two chunks of 8 columns, 64 bytes
+        int8x16_t lo[4], hi[4];
+        for (int i = 0; i < 4; ++i) {
+          const uint8x16_t r = vld1q_u8(wc + 16 * i);
+          lo[i] = vreinterpretq_s8_u8(vandq_u8(r, low4));
+          hi[i] = vreinterpretq_s8_u8(vshrq_n_u8(r, 4));
+        }
+        for (int m = 0; m < M; ++m) {
+          int32x4_t* s = sum[m][p];
+          s[0] = vdotq_laneq_s32(s[0], lo[0], a[m], 0);
+          s[1] = vdotq_laneq_s32(s[1], lo[1], a[m], 0);
+          s[0] = vdotq_laneq_s32(s[0], hi[0], a[m], 1);
+          s[1] = vdotq_laneq_s32(s[1], hi[1], a[m], 1);
+          s[0] = vdotq_laneq_s32(s[0], lo[2], a[m], 2);
+          s[1] = vdotq_laneq_s32(s[1], lo[3], a[m], 2);
+          s[0] = vdotq_laneq_s32(s[0], hi[2], a[m], 3);
+          s[1] = vdotq_laneq_s32(s[1], hi[3], a[m], 3);
+        }
+      }
+    }
+    if (!channelwise) {
+      for (int p = 0; p < NP; ++p)
+        for (int h = 0; h < 2; ++h) {
+          const float32x4_t s = load_scales4(scales, g.scale_dtype,
+                                             ((first_panel + p) * g.groups + b) * kPanel + 4 * h);
+          for (int m = 0; m < M; ++m)
+            facc[m][p][h] = vfmaq_f32(facc[m][p][h], vcvtq_f32_s32(sum[m][p][h]), s);
+        }
+    }
+  }
+
+  for (int p = 0; p < NP; ++p)
+    for (int h = 0; h < 2; ++h) {
+      const int64_t n = n0 + p * kPanel + 4 * h;
+      const uint8_t* corr = args.expert + g.correction_offset + n * 4;
+      const float32x4_t bias = load_bias4(g, args.expert, n);
+      float* out = args.c + (n - args.n_begin);
+      if (channelwise) {
+        const int32x4_t wsum = vld1q_s32(reinterpret_cast<const int32_t*>(corr));
+        const float32x4_t s =
+            load_scales4(scales, g.scale_dtype, (first_panel + p) * kPanel + 4 * h);
+        for (int m = 0; m < M; ++m)
+          vst1q_f32(out + m * args.c_stride,
+                    finish_channelwise(sum[m][p][h], vdupq_n_s32(args.a[m].zp),
+                                       vdupq_n_f32(args.a[m].recip), wsum, s, bias));
+      } else {
+        const float32x4_t zsum = vld1q_f32(reinterpret_cast<const float*>(corr));
+        for (int m = 0; m < M; ++m)
+          vst1q_f32(out + m * args.c_stride,
+                    finish_groupwise(facc[m][p][h], vdupq_n_f32(static_cast<float>(args.a[m].zp)),
+                                     vdupq_n_f32(args.a[m].recip), zsum, bias));
+      }
+    }
+}
+
+template <int M, int NP>
+void run(const GemmArgs& args) {
+  int64_t n = args.n_begin;
+  for (; n + NP * kPanel <= args.n_end; n += NP * kPanel) tile<M, NP>(args, n);
+  for (; n < args.n_end; n += kPanel) tile<M, 1>(args, n);
+}
+
+}  // namespace
+
+void gemm_qa8_qu4p8(const GemmArgs& args) {
+  switch (args.m) {
+    case 1:
+      return run<1, 4>(args);
+    case 2:
+      return run<2, 2>(args);
+    case 3:
+      return run<3, 2>(args);
+    default:
+      return run<4, 2>(args);
+  }
+}
+
+void activate(const MoeParams& params, const float* gate, const float* up, float* m, int64_t n) {
+  activate_vec(params, gate, up, m, n);
+}
+
+}  // namespace w4a8moe::detail::neondot

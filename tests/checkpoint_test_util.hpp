@@ -1,0 +1,208 @@
+// Helpers of the checkpoint suites (issue 7): a temporary folder, the logical weights a loader
+// hands to the packer (decoded back to int4 values and float scales), and the end-to-end check of
+// one layer: route with the library, route independently, run forward(), compare with the
+// independent exact and float references (tests/reference).
+#pragma once
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "checkpoint_writers.hpp"
+#include "common/numeric.hpp"
+#include "io/checkpoint.hpp"
+#include "reference/reference.hpp"
+#include "w4a8moe/routing.hpp"
+#include "w4a8moe/w4a8moe.hpp"
+
+namespace ckpt_test {
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "w4a8moe_ckpt_XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// The message of the Error `f` throws ("(no error)" if none).
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const w4a8moe::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// Every expert as loaded: int4 values [E, 2I, H] / [E, H, I], scales as floats, biases.
+struct Loaded {
+  std::vector<int8_t> w13, w2;
+  std::vector<float> w13_s, w2_s, b13, b2;
+  std::vector<uint8_t> w13_nibbles, w2_nibbles;  // as loaded
+  std::vector<uint8_t> w13_scale_bytes, w2_scale_bytes;
+};
+
+inline Loaded load_all(const w4a8moe::io::LayerSource& source) {
+  const w4a8moe::io::LayerInfo& info = source.info();
+  const int64_t E = info.experts;
+  w4a8moe::io::ExpertChunk chunk(info, E);
+  for (int64_t e = 0; e < E; ++e) source.load_expert(e, chunk.slot(e));
+  Loaded out;
+  const auto unpack = [](const w4a8moe::TensorView& v, std::vector<int8_t>& values,
+                         std::vector<uint8_t>& bytes) {
+    const int64_t n = v.shape[0] * v.shape[1] * v.shape[2];
+    const auto* p = static_cast<const uint8_t*>(v.data);
+    bytes.assign(p, p + n);
+    values.resize(static_cast<size_t>(2 * n));
+    for (int64_t j = 0; j < n; ++j) {
+      values[static_cast<size_t>(2 * j)] = static_cast<int8_t>((p[j] & 15) - 8);
+      values[static_cast<size_t>(2 * j + 1)] = static_cast<int8_t>((p[j] >> 4) - 8);
+    }
+  };
+  const auto floats = [](const w4a8moe::TensorView& v, std::vector<float>& values,
+                         std::vector<uint8_t>* bytes) {
+    if (v.empty()) return;
+    const int64_t n = v.numel();
+    values.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i)
+      values[static_cast<size_t>(i)] = w4a8moe::detail::load_float(v.data, v.dtype, i);
+    if (bytes) {
+      const auto* p = static_cast<const uint8_t*>(v.data);
+      bytes->assign(p, p + n * static_cast<int64_t>(w4a8moe::dtype_bytes(v.dtype)));
+    }
+  };
+  unpack(chunk.w13(E), out.w13, out.w13_nibbles);
+  unpack(chunk.w2(E), out.w2, out.w2_nibbles);
+  floats(chunk.w13_scale(E), out.w13_s, &out.w13_scale_bytes);
+  floats(chunk.w2_scale(E), out.w2_s, &out.w2_scale_bytes);
+  floats(chunk.w13_bias(E), out.b13, nullptr);
+  floats(chunk.w2_bias(E), out.b2, nullptr);
+  return out;
+}
+
+struct LayerRun {
+  std::vector<float> x, logits, weights, out;
+  std::vector<int32_t> ids;
+  moe_ref::Problem problem;
+};
+
+// Loads layer `layer` of `path`, routes T random tokens and runs forward(); checks the routing
+// against the independent reference and the output against the exact and float references.
+inline LayerRun check_layer(const std::string& path, int layer, const RouteSpec& route_spec,
+                            int64_t T = 13, uint64_t seed = 1) {
+  using namespace w4a8moe;
+  LayerRun run;
+  const std::unique_ptr<io::LayerSource> source = io::open_layer(path, layer, {});
+  const io::LayerInfo& info = source->info();
+  const int64_t H = info.hidden, I = info.inter, E = info.experts, K = info.top_k;
+  const io::Router router = source->router();
+  const io::PackedLayer packed = io::pack_layer(*source, 2);
+
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  run.x.resize(static_cast<size_t>(T * H));
+  for (float& v : run.x) v = normal(rng);
+  run.logits.resize(static_cast<size_t>(T * E));
+  router_logits(
+      TensorView::of(run.x.data(), DType::f32, {T, H}),
+      TensorView::of(router.weight.data(), DType::f32, {E, H}),
+      router.bias.empty() ? TensorView{} : TensorView::of(router.bias.data(), DType::f32, {E}),
+      MutableTensorView::of(run.logits.data(), DType::f32, {T, E}));
+  run.ids.resize(static_cast<size_t>(T * K));
+  run.weights.resize(static_cast<size_t>(T * K));
+  route(TensorView::of(run.logits.data(), DType::f32, {T, E}),
+        router.selection_bias.empty()
+            ? TensorView{}
+            : TensorView::of(router.selection_bias.data(), DType::f32, {E}),
+        info.routing, MutableTensorView::of(run.ids.data(), DType::i32, {T, K}),
+        MutableTensorView::of(run.weights.data(), DType::f32, {T, K}));
+  std::vector<int64_t> want_ids;
+  std::vector<double> want_w;
+  route_reference(run.logits, T, E, K, router.selection_bias, route_spec, want_ids, want_w);
+  for (int64_t i = 0; i < T * K; ++i) {
+    EXPECT_EQ(run.ids[static_cast<size_t>(i)], want_ids[static_cast<size_t>(i)]) << "slot " << i;
+    EXPECT_NEAR(run.weights[static_cast<size_t>(i)], want_w[static_cast<size_t>(i)],
+                2e-6 * (1.0 + std::fabs(want_w[static_cast<size_t>(i)])))
+        << "slot " << i;
+  }
+
+  Context context(2);
+  run.out.assign(static_cast<size_t>(T * H), 0.0f);
+  forward(context, TensorView::of(run.x.data(), DType::f32, {T, H}),
+          TensorView::of(run.ids.data(), DType::i32, {T, K}),
+          TensorView::of(run.weights.data(), DType::f32, {T, K}), packed.w13.bytes(),
+          packed.w2.bytes(), info.params,
+          MutableTensorView::of(run.out.data(), DType::f32, {T, H}));
+
+  // The independent references over the weights as loaded.
+  const Loaded w = load_all(*source);
+  moe_ref::Problem& p = run.problem;
+  p.tokens = T;
+  p.hidden = H;
+  p.inter = I;
+  p.experts = E;
+  p.top_k = K;
+  p.group_size = info.group_size;
+  p.x = run.x;
+  p.ids.assign(run.ids.begin(), run.ids.end());
+  p.topk_weights = run.weights;
+  p.w13 = w.w13;
+  p.w13_scale = w.w13_s;
+  p.w13_bias = w.b13;
+  p.w2 = w.w2;
+  p.w2_scale = w.w2_s;
+  p.w2_bias = w.b2;
+  p.activation = static_cast<int>(info.params.activation);
+  p.alpha = info.params.alpha;
+  p.limit = info.params.limit;
+  p.apply_router_weight_on_input = info.params.apply_router_weight_on_input;
+  const moe_ref::ExactResult exact = moe_ref::exact_forward(p);
+  double max_ref = 0;
+  for (const double v : exact.out) max_ref = std::max(max_ref, std::fabs(v));
+  EXPECT_GT(max_ref, 0.1) << "test data must give outputs of order one";
+  EXPECT_LT(max_ref, 100.0) << "test data must give outputs of order one";
+  size_t bad = 0;
+  for (size_t i = 0; i < run.out.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(run.out[i]) - exact.out[i]);
+    if (!(err <= 1e-5 * max_ref + exact.allowance[i]) && bad++ < 5)
+      ADD_FAILURE() << "out[" << i / static_cast<size_t>(H) << ", " << i % static_cast<size_t>(H)
+                    << "] = " << run.out[i] << ", exact reference " << exact.out[i];
+  }
+  EXPECT_EQ(bad, 0u);
+  // The float reference: the library's streaming one (what `layer --compare` prints) equals the
+  // independent one, and the int8 activations cost little.
+  const std::vector<double> fref = moe_ref::float_forward(p);
+  const std::vector<double> lib = io::float_reference(*source, run.x, run.ids, run.weights, 2);
+  double err_sq = 0, ref_sq = 0;
+  for (size_t i = 0; i < fref.size(); ++i) {
+    EXPECT_NEAR(lib[i], fref[i], 1e-9 * max_ref) << i;
+    const double d = static_cast<double>(run.out[i]) - fref[i];
+    err_sq += d * d;
+    ref_sq += fref[i] * fref[i];
+  }
+  // random int4 weights and N(0, 1) inputs give about 1.2e-2 (the intermediate's heavy tails)
+  EXPECT_LT(std::sqrt(err_sq / ref_sq), 3e-2) << "relative RMS error against the float reference";
+  return run;
+}
+
+}  // namespace ckpt_test

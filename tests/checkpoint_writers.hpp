@@ -1,0 +1,260 @@
+// Test-only writers of GGUF files and compressed-tensors checkpoint folders (issue 7), written
+// from the formats' specifications without the library's readers, plus the small MoE models the
+// checkpoint suites store in them and an independent routing reference.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "w4a8moe/w4a8moe.hpp"
+
+namespace ckpt_test {
+
+// ---------------------------------------------------------------------------------------------
+// Bytes
+
+class Bytes {
+ public:
+  std::vector<uint8_t> data;
+  template <class T>
+  void put(T v) {
+    const size_t at = data.size();
+    data.resize(at + sizeof(T));
+    std::memcpy(data.data() + at, &v, sizeof(T));
+  }
+  void str(const std::string& s) {
+    put<uint64_t>(s.size());
+    const size_t at = data.size();
+    data.resize(at + s.size());
+    if (!s.empty()) std::memcpy(data.data() + at, s.data(), s.size());
+  }
+  size_t size() const { return data.size(); }
+};
+
+uint16_t f16_bits(float v);   // round to nearest even
+uint16_t bf16_bits(float v);  // round to nearest even
+float from_f16(uint16_t h);
+float from_bf16(uint16_t h);
+
+// ---------------------------------------------------------------------------------------------
+// GGUF
+
+// GGUF value types (the specification's numbering).
+enum : uint32_t {
+  kU8 = 0,
+  kI8 = 1,
+  kU16 = 2,
+  kI16 = 3,
+  kU32 = 4,
+  kI32 = 5,
+  kF32 = 6,
+  kBool = 7,
+  kString = 8,
+  kArray = 9,
+  kU64 = 10,
+  kI64 = 11,
+  kF64 = 12,
+};
+// ggml types used by the tests.
+enum : uint32_t {
+  kTF32 = 0,
+  kTF16 = 1,
+  kTQ4_0 = 2,
+  kTQ4_1 = 3,
+  kTQ5_0 = 6,
+  kTQ8_0 = 8,
+  kTQ4_K = 12,
+  kTQ5_K = 13,
+  kTQ6_K = 14,
+  kTIQ2_XXS = 16,
+  kTBF16 = 30,
+  kTMXFP4 = 39,
+};
+
+class GgufWriter {
+ public:
+  uint32_t version = 3;
+  uint64_t alignment = 32;  // the padding used; general.alignment is written only via kv_u32
+
+  // value: the encoded value (after the type), e.g. from Bytes.
+  void kv_raw(const std::string& key, uint32_t type, const std::vector<uint8_t>& value);
+  void kv_u32(const std::string& key, uint32_t v);
+  void kv_i32(const std::string& key, int32_t v);
+  void kv_u64(const std::string& key, uint64_t v);
+  void kv_f32(const std::string& key, float v);
+  void kv_bool(const std::string& key, bool v);
+  void kv_string(const std::string& key, const std::string& v);
+  void kv_strings(const std::string& key, const std::vector<std::string>& v);  // array of string
+
+  // ne: innermost first (GGUF order). data: the encoded bytes.
+  void tensor(const std::string& name, uint32_t type, std::vector<int64_t> ne,
+              std::vector<uint8_t> data);
+
+  // Byte positions in the serialized file, for corrupting it.
+  struct Layout {
+    size_t tensor_count = 0, kv_count = 0;  // positions of the two u64 counts
+    std::vector<size_t> info_begin;         // per tensor: its name length field
+    std::vector<size_t> type_field, offset_field;
+    size_t data_begin = 0;
+    std::vector<size_t> data_at;  // per tensor: file position of its data
+  };
+  std::vector<uint8_t> serialize(Layout* layout = nullptr) const;
+  void write(const std::string& path) const;
+  // As llama.cpp's gguf-split: `count` writers, the first with all the metadata, every one with
+  // split.no, split.count and split.tensors.count, the tensors dealt round-robin.
+  std::vector<GgufWriter> split(int count) const;
+
+ private:
+  struct Kv {
+    std::string key;
+    uint32_t type;
+    std::vector<uint8_t> value;
+  };
+  struct Tensor {
+    std::string name;
+    uint32_t type;
+    std::vector<int64_t> ne;
+    std::vector<uint8_t> data;
+  };
+  std::vector<Kv> kvs_;
+  std::vector<Tensor> tensors_;
+};
+
+void write_file(const std::string& path, const std::vector<uint8_t>& bytes);
+
+// Encoders (rows of n elements, n a multiple of the block). Q4_0: q in [0, 15] (value q - 8) and
+// one f16 scale per 32; Q8_0: q in [-128, 127] and one f16 scale per 32.
+std::vector<uint8_t> encode_q4_0(const std::vector<uint8_t>& q, const std::vector<uint16_t>& d);
+std::vector<uint8_t> encode_q8_0(const std::vector<int8_t>& q, const std::vector<uint16_t>& d);
+std::vector<uint8_t> encode_f32(const std::vector<float>& v);
+std::vector<uint8_t> encode_f16(const std::vector<float>& v);   // v must be f16-exact
+std::vector<uint8_t> encode_bf16(const std::vector<float>& v);  // v must be bf16-exact
+
+// Random blocks of a block type (any bytes are valid blocks; scales kept finite and small), and
+// their values decoded here from the format's definition, element by element.
+std::vector<uint8_t> random_blocks(uint32_t type, int64_t elements, uint64_t seed);
+std::vector<float> decode_blocks(uint32_t type, const std::vector<uint8_t>& bytes,
+                                 int64_t elements);
+
+// ---------------------------------------------------------------------------------------------
+// compressed-tensors
+
+// compressed-tensors' pack_to_int32 for 4 bits: value + 8, element 8w + i in bits 4i.
+std::vector<int32_t> pack_int4_words(const std::vector<int8_t>& values, int64_t rows, int64_t cols);
+
+struct StTensor {
+  w4a8moe::DType dtype;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+
+// A folder: config.json, and the tensors in `shards` files (1: model.safetensors; more:
+// model-0000k-of-0000n.safetensors with model.safetensors.index.json).
+class CtWriter {
+ public:
+  nlohmann::json config = nlohmann::json::object();
+  int shards = 1;
+  template <class T>
+  void add(const std::string& name, w4a8moe::DType dtype, std::vector<int64_t> shape,
+           const std::vector<T>& values) {
+    StTensor t{dtype, std::move(shape), std::vector<uint8_t>(values.size() * sizeof(T))};
+    std::memcpy(t.bytes.data(), values.data(), t.bytes.size());
+    tensors[name] = std::move(t);
+  }
+  std::map<std::string, StTensor> tensors;
+  void write(const std::string& folder) const;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Models
+
+// A small MoE layer's truth: int4 values and scales (exact in f16 and bf16), router, biases.
+struct Moe {
+  int64_t H = 64, I = 64, E = 8, K = 2;
+  int group = 32;
+  std::vector<int8_t> w13;    // [E, 2I, H] halves: gate rows then up rows
+  std::vector<float> w13_s;   // [E, 2I, H/g]
+  std::vector<int8_t> w2;     // [E, H, I]
+  std::vector<float> w2_s;    // [E, H, I/g]
+  std::vector<float> router;  // [E, H]
+  std::vector<float> router_bias, selection_bias, b13, b2;  // empty unless set
+};
+// Outputs of order one for x ~ N(0, 1): scales (1.5 to 3.5) / (8 sqrt(K)), bf16- and f16-exact.
+Moe make_moe(int64_t H, int64_t I, int64_t E, int64_t K, uint64_t seed);
+
+// Expert e's rows of the gate (which 0), up (1) or down (2) projection: [rows, cols] values and
+// [rows, cols/g] scales.
+std::vector<int8_t> rows_of(const Moe& m, int which, int64_t e);
+std::vector<float> scales_of(const Moe& m, int which, int64_t e);
+
+// The whole [E, rows, cols] tensor of a projection as Q4_0 (the Moe's own values and scales).
+std::vector<uint8_t> q4_0_tensor(const Moe& m, int which);
+
+// ---------------------------------------------------------------------------------------------
+// Model files: small MoE models stored as GGUF files and compressed-tensors folders
+
+struct GgufSpec {
+  std::string arch = "qwen3moe";
+  int layers = 2;
+  int64_t H = 64, I = 64, E = 8, K = 2;
+  uint32_t types[3] = {kTQ4_0, kTQ4_0, kTQ4_0};  // gate, up, down
+  bool expert_bias = false, router_bias = false, selection_bias = false;
+  int64_t expert_count_meta = 0;  // <arch>.expert_count; 0: E
+};
+
+struct GgufModel {
+  GgufWriter writer;
+  std::vector<Moe> layers;
+  std::vector<std::vector<float>> floats[3];  // per layer: the file's values of non-Q4_0 tensors
+};
+
+// A GGUF file of `layers` MoE layers (tensors of the spec's types; Q4_0 from the Moe truths,
+// others random in their format), with the architecture's metadata.
+GgufModel make_gguf(const GgufSpec& spec);
+
+struct CtSpec {
+  std::string model_type = "qwen3_moe";
+  std::string scheme = "packed";   // packed, int, bf16
+  std::string strategy = "group";  // group or channel
+  int shards = 1;
+  int64_t H = 64, I = 64, E = 8, K = 2;
+  int layers = 2;
+  bool mixtral_names = false;
+};
+
+struct CtModel {
+  CtWriter writer;
+  std::vector<Moe> layers;                // channel strategy: w13_s / w2_s hold one scale per row
+  std::vector<std::vector<float>> dense;  // bf16 scheme: per layer and projection, [E, N, K]
+};
+
+// A checkpoint folder's config.json and tensors (pack-quantized / int-quantized int4 from the Moe
+// truths with bf16 scales, or dense bf16 weights), with a bf16 router.
+CtModel make_ct(const CtSpec& spec);
+
+std::vector<uint16_t> bf16_of(const std::vector<float>& v);
+
+// ---------------------------------------------------------------------------------------------
+// Independent routing (double math, stable sort)
+
+struct RouteSpec {
+  std::string gating = "softmax";  // softmax, sigmoid, softmax_topk
+  bool renormalize = false;
+  double scaling = 1.0;
+  int64_t groups = 1, groups_used = 1;
+  bool top2 = true;  // group score: sum of the best two (else the best one)
+};
+void route_reference(const std::vector<float>& logits, int64_t T, int64_t E, int64_t K,
+                     const std::vector<float>& selection_bias, const RouteSpec& spec,
+                     std::vector<int64_t>& ids, std::vector<double>& weights);
+
+// f32 logits in double: x [T, H] times router [E, H]^T + bias.
+std::vector<double> logits_reference(const std::vector<float>& x, const std::vector<float>& router,
+                                     const std::vector<float>& bias, int64_t T, int64_t H,
+                                     int64_t E);
+
+}  // namespace ckpt_test

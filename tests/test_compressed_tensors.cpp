@@ -1,0 +1,336 @@
+// compressed-tensors checkpoints (issue 7), written by the suite's own writer: the pack-quantized
+// word layout (compressed-tensors' pack_to_int32), int4 values and scales read back exactly
+// (pack-quantized, int-quantized, group and channel strategies), dense BF16 weights quantized on
+// load, sharded folders, whole layers of three model families against the independent references,
+// and malformed checkpoints rejected with a message naming the folder.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include "checkpoint_test_util.hpp"
+#include "checkpoint_writers.hpp"
+
+namespace {
+
+using namespace ckpt_test;
+using namespace w4a8moe;
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+std::vector<uint16_t> bits16(const std::vector<uint8_t>& bytes) {
+  std::vector<uint16_t> out(bytes.size() / 2);
+  std::memcpy(out.data(), bytes.data(), bytes.size());
+  return out;
+}
+
+TEST(CompressedTensors, PackQuantizedWordLayout) {
+  // compressed-tensors' pack_to_int32: add 8, element i of a group of eight in bits 4i (least
+  // significant first)
+  std::vector<int8_t> v = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+  const std::vector<int32_t> words = pack_int4_words(v, 1, 16);
+  EXPECT_EQ(static_cast<uint32_t>(words[0]), 0x76543210u);
+  EXPECT_EQ(static_cast<uint32_t>(words[1]), 0xfedcba98u);
+}
+
+TEST(CompressedTensors, PackQuantizedReadsBackExactly) {
+  TempDir dir;
+  CtSpec spec;
+  spec.H = 96;
+  CtModel c = make_ct(spec);
+  c.writer.write(dir / "ckpt");
+  const auto source = io::open_layer(dir / "ckpt", 1, {});
+  const io::LayerInfo& info = source->info();
+  EXPECT_EQ(info.group_size, 32);
+  EXPECT_EQ(info.w13_scale_dtype, DType::bf16);
+  EXPECT_EQ(info.inter, 64) << "moe_intermediate_size, not intermediate_size";
+  for (const io::Conversion& conv : source->conversions()) {
+    EXPECT_TRUE(conv.exact);
+    EXPECT_EQ(conv.source, "pack-quantized int4 g32, BF16 scales");
+  }
+  const Loaded w = load_all(*source);
+  const Moe& m = c.layers[1];
+  EXPECT_EQ(w.w13, m.w13);
+  EXPECT_EQ(w.w2, m.w2);
+  EXPECT_EQ(bits16(w.w13_scale_bytes), bf16_of(m.w13_s));
+  EXPECT_EQ(bits16(w.w2_scale_bytes), bf16_of(m.w2_s));
+}
+
+TEST(CompressedTensors, IntQuantizedChannelwiseReadsBackExactly) {
+  TempDir dir;
+  CtSpec spec;
+  spec.scheme = "int";
+  spec.strategy = "channel";
+  spec.layers = 1;
+  CtModel c = make_ct(spec);
+  c.writer.write(dir / "ckpt");
+  const auto source = io::open_layer(dir / "ckpt", 0, {});
+  EXPECT_EQ(source->info().group_size, -1);
+  EXPECT_EQ(source->conversions()[0].source, "int-quantized int4 channelwise, BF16 scales");
+  const Loaded w = load_all(*source);
+  EXPECT_EQ(w.w13, c.layers[0].w13);
+  EXPECT_EQ(w.w2, c.layers[0].w2);
+  EXPECT_EQ(bits16(w.w13_scale_bytes), bf16_of(c.layers[0].w13_s));
+  EXPECT_EQ(bits16(w.w2_scale_bytes), bf16_of(c.layers[0].w2_s));
+  check_layer(dir / "ckpt", 0, RouteSpec{"softmax", true});
+}
+
+TEST(CompressedTensors, DenseBf16IsQuantizedOnLoad) {
+  TempDir dir;
+  CtSpec spec;
+  spec.scheme = "bf16";
+  spec.layers = 1;
+  spec.E = 2;
+  CtModel c = make_ct(spec);
+  c.writer.write(dir / "ckpt");
+  const auto source = io::open_layer(dir / "ckpt", 0, {});
+  const Loaded w = load_all(*source);
+  // what quantize_weights makes of the file's values, expert by expert
+  for (int64_t e = 0; e < spec.E; ++e)
+    for (int which = 0; which < 3; ++which) {
+      const std::vector<float>& file = c.dense[static_cast<size_t>(e * 3 + which)];
+      const int64_t rows = which == 2 ? spec.H : spec.I, cols = which == 2 ? spec.I : spec.H;
+      const QuantizedWeights q = quantize_weights(
+          TensorView::of(file.data(), DType::f32, {1, rows, cols}), 32, QuantRule::q4_0);
+      const int64_t first = which == 2 ? e * spec.H : e * 2 * spec.I + (which == 1 ? spec.I : 0);
+      const std::vector<int8_t>& v = which == 2 ? w.w2 : w.w13;
+      const std::vector<float>& s = which == 2 ? w.w2_s : w.w13_s;
+      EXPECT_TRUE(std::equal(q.values.begin(), q.values.end(), v.begin() + first * cols));
+      EXPECT_TRUE(std::equal(q.scales.begin(), q.scales.end(), s.begin() + first * (cols / 32)));
+    }
+  for (const io::Conversion& conv : source->conversions()) {
+    EXPECT_FALSE(conv.exact);
+    EXPECT_EQ(conv.source, "BF16");
+    EXPECT_GT(conv.relative_rms(), 0.01);
+    EXPECT_LT(conv.relative_rms(), 0.2);
+  }
+  io::LoadOptions exact;
+  exact.require_exact = true;
+  EXPECT_THAT(error_of([&] { io::open_layer(dir / "ckpt", 0, exact); }),
+              HasSubstr("gate_proj.weight' is BF16, which does not map exactly onto int4"));
+}
+
+TEST(CompressedTensors, Qwen3MoeLayer) {
+  TempDir dir;
+  CtSpec spec;
+  spec.H = 128;
+  spec.I = 64;
+  spec.E = 16;
+  spec.K = 4;
+  make_ct(spec).writer.write(dir / "ckpt");
+  check_layer(dir / "ckpt", 1, RouteSpec{"softmax", true});
+}
+
+TEST(CompressedTensors, DeepSeekV3LayerFromShards) {
+  TempDir dir;
+  CtSpec spec;
+  spec.model_type = "deepseek_v3";
+  spec.shards = 3;
+  spec.E = 16;
+  spec.K = 4;
+  CtModel c = make_ct(spec);
+  c.writer.config["scoring_func"] = "sigmoid";
+  c.writer.config["topk_method"] = "noaux_tc";
+  c.writer.config["n_group"] = 4;
+  c.writer.config["topk_group"] = 2;
+  c.writer.config["routed_scaling_factor"] = 2.5;
+  c.writer.config["norm_topk_prob"] = true;
+  c.writer.config["n_shared_experts"] = 1;
+  c.writer.write(dir / "ckpt");
+  const auto source = io::open_layer(dir / "ckpt", 1, {});
+  EXPECT_EQ(source->info().routing.group_score, GroupScore::top2_sum);
+  ASSERT_EQ(source->info().notes.size(), 1u);
+  EXPECT_THAT(source->info().notes[0], HasSubstr("shared expert is not included"));
+  check_layer(dir / "ckpt", 1, RouteSpec{"sigmoid", true, 2.5, 4, 2, true});
+}
+
+TEST(CompressedTensors, MixtralNamingAndRouting) {
+  TempDir dir;
+  CtSpec spec;
+  spec.model_type = "mixtral";
+  spec.mixtral_names = true;
+  spec.layers = 1;
+  make_ct(spec).writer.write(dir / "ckpt");
+  check_layer(dir / "ckpt", 0, RouteSpec{"softmax", true});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Malformed checkpoints
+
+class CtMalformed : public ::testing::Test {
+ protected:
+  // The message of loading layer 0 (open and pack) of the checkpoint `c` writes.
+  std::string error(CtModel c, const std::function<void(CtModel&)>& edit = {}) {
+    if (edit) edit(c);
+    const std::string folder = dir_ / ("ckpt" + std::to_string(count_++));
+    c.writer.write(folder);
+    const std::string m = error_of([&] {
+      const auto source = io::open_layer(folder, 0, {});
+      io::pack_layer(*source, 1);
+    });
+    if (m != "(no error)") {
+      EXPECT_THAT(m, HasSubstr(folder)) << "the message must name the checkpoint";
+    }
+    return m;
+  }
+  CtModel base(const std::string& scheme = "packed") {
+    CtSpec spec;
+    spec.scheme = scheme;
+    spec.layers = 1;
+    spec.E = 4;
+    return make_ct(spec);
+  }
+  TempDir dir_;
+  int count_ = 0;
+};
+
+TEST_F(CtMalformed, TheValidCheckpointLoads) { EXPECT_EQ(error(base()), "(no error)"); }
+
+TEST_F(CtMalformed, ConfigProblems) {
+  const std::string folder = dir_ / "empty";
+  std::filesystem::create_directories(folder);
+  EXPECT_THAT(error_of([&] { io::open_layer(folder, 0, {}); }),
+              HasSubstr("config.json is missing"));
+  { std::ofstream(folder + "/config.json") << "{\"model_type\": "; }
+  EXPECT_THAT(error_of([&] { io::open_layer(folder, 0, {}); }),
+              HasSubstr("config.json is not valid JSON"));
+  { std::ofstream(folder + "/config.json") << "{\"model_type\": \"qwen3_moe\"}"; }
+  EXPECT_THAT(error_of([&] { io::open_layer(folder, 0, {}); }),
+              HasSubstr("neither model.safetensors nor model.safetensors.index.json"));
+  EXPECT_THAT(error(base(),
+                    [](CtModel& c) {
+                      c.writer.config["quantization_config"]["config_groups"]["group_0"]["weights"]
+                                     ["symmetric"] = false;
+                    }),
+              HasSubstr("asymmetric weights (a zero point) are not supported"));
+  EXPECT_THAT(error(base(),
+                    [](CtModel& c) {
+                      c.writer.config["quantization_config"]["config_groups"]["group_0"]["weights"]
+                                     ["num_bits"] = 8;
+                    }),
+              HasSubstr("weights num_bits must be 4, got 8"));
+  EXPECT_THAT(
+      error(base(),
+            [](CtModel& c) { c.writer.config["quantization_config"]["quant_method"] = "gptq"; }),
+      HasSubstr("quant_method \"gptq\""));
+  EXPECT_THAT(error(base(),
+                    [](CtModel& c) {
+                      c.writer.config["quantization_config"]["config_groups"]["group_0"]["weights"]
+                                     ["group_size"] = 64;
+                    }),
+              HasSubstr("says group_size 64 but tensor"));
+  EXPECT_THAT(error(base(),
+                    [](CtModel& c) {
+                      c.writer.config["model_type"] = "fancy_moe";
+                      c.writer.config.erase("norm_topk_prob");
+                    }),
+              HasSubstr("model_type 'fancy_moe' is not one whose routing w4a8moe knows"));
+  EXPECT_THAT(error(base(), [](CtModel& c) { c.writer.config["hidden_size"] = 128; }),
+              HasSubstr("gate_proj.weight_packed' has shape [64, 8], but config.json's sizes (H "
+                        "128, I 64) need [64, 16]"));
+  EXPECT_THAT(error(base(), [](CtModel& c) { c.writer.config["num_experts"] = 5; }),
+              HasSubstr("config.json announces 5 experts, but tensor "
+                        "'model.layers.0.mlp.experts.4.gate_proj.weight_packed' is missing"));
+  EXPECT_THAT(error(base(), [](CtModel& c) { c.writer.config["num_experts"] = 3; }),
+              HasSubstr("holds more than the 3 experts config.json announces"));
+  EXPECT_THAT(error(base(),
+                    [](CtModel& c) {
+                      c.writer.config["topk_method"] = "noaux_tc";
+                      c.writer.config["n_group"] = 2;
+                      c.writer.config["topk_group"] = 1;
+                    }),
+              HasSubstr("gate.e_score_correction_bias' is missing"));
+  // several config groups: the one targeting "Linear" applies; regex targets are not evaluated
+  const auto two_groups = [](CtModel& c, const char* first_target) {
+    json& groups = c.writer.config["quantization_config"]["config_groups"];
+    groups["group_0"]["targets"] = {first_target};
+    groups["group_1"] = groups["group_0"];
+    groups["group_1"]["targets"] = {"re:.*self_attn.*"};
+    groups["group_1"]["weights"]["group_size"] = 128;
+  };
+  EXPECT_EQ(error(base(), [&](CtModel& c) { two_groups(c, "Linear"); }), "(no error)");
+  EXPECT_THAT(error(base(), [&](CtModel& c) { two_groups(c, "re:.*mlp.experts.*"); }),
+              HasSubstr("groups 'group_0' and 'group_1' quantize weights differently"));
+  EXPECT_THAT(error(base(), [](CtModel& c) { c.writer.config["hidden_act"] = "relu"; }),
+              HasSubstr("hidden_act \"relu\""));
+}
+
+TEST_F(CtMalformed, TensorProblems) {
+  const std::string p = "model.layers.0.mlp.experts.3.down_proj.";
+  EXPECT_THAT(error(base(), [&](CtModel& c) { c.writer.tensors.erase(p + "weight_packed"); }),
+              HasSubstr("tensor '" + p + "weight_packed' is missing"));
+  EXPECT_THAT(
+      error(base(),
+            [&](CtModel& c) {
+              c.writer.add(p + "weight_shape", DType::i64, {2}, std::vector<int64_t>{64, 32});
+            }),
+      HasSubstr("tensor '" + p + "weight_shape' says [64, 32], expected [64, 64]"));
+  EXPECT_THAT(
+      error(
+          base(),
+          [&](CtModel& c) {
+            c.writer.add(p + "weight_zero_point", DType::i32, {64, 1}, std::vector<int32_t>(64, 0));
+          }),
+      HasSubstr("weight_zero_point' exists: asymmetric weights"));
+  EXPECT_THAT(error(base(),
+                    [&](CtModel& c) {
+                      c.writer.add(p + "weight_scale", DType::bf16, {64, 1},
+                                   std::vector<uint16_t>(64, 0x3f80));
+                    }),
+              HasSubstr("tensor '" + p + "weight_scale' must be float [64, 2], got BF16 [64, 1]"));
+  EXPECT_THAT(error(base(),
+                    [&](CtModel& c) {
+                      c.writer.add("model.layers.0.mlp.experts.0.down_proj.weight_scale",
+                                   DType::bf16, {64, 1}, std::vector<uint16_t>(64, 0x3f80));
+                    }),
+              HasSubstr("implies group size -1"));
+  EXPECT_THAT(error(base("int"),
+                    [&](CtModel& c) {
+                      std::vector<int8_t> v(64 * 64, 1);
+                      v[5] = 9;
+                      c.writer.add(p + "weight", DType::i8, {64, 64}, v);
+                    }),
+              HasSubstr("tensor '" + p + "weight' holds 9 at [0, 5], outside int4 [-8, 7]"));
+  EXPECT_THAT(
+      error(base(), [&](CtModel& c) { c.writer.tensors.erase("model.layers.0.mlp.gate.weight"); }),
+      HasSubstr("tensor 'model.layers.0.mlp.gate.weight' (the router) is missing"));
+  EXPECT_THAT(error(base(),
+                    [&](CtModel& c) {
+                      std::map<std::string, StTensor> fused;
+                      fused["model.layers.0.mlp.experts.gate_up_proj"] =
+                          c.writer.tensors.begin()->second;
+                      c.writer.tensors = fused;
+                    }),
+              HasSubstr("fuses all experts in one gate_up_proj tensor"));
+}
+
+TEST_F(CtMalformed, ShardProblems) {
+  CtModel c = base();
+  c.writer.shards = 2;
+  const std::string folder = dir_ / "sharded";
+  c.writer.write(folder);
+  // a shard the index names is gone
+  std::filesystem::remove(folder + "/model-00002-of-00002.safetensors");
+  EXPECT_THAT(error_of([&] { io::pack_layer(*io::open_layer(folder, 0, {}), 1); }),
+              HasSubstr("model-00002-of-00002.safetensors': cannot open the file"));
+  // the index sends a tensor to a shard that does not hold it
+  c.writer.write(folder);
+  std::ifstream in(folder + "/model.safetensors.index.json");
+  json index = json::parse(in);
+  for (auto& [name, file] : index["weight_map"].items())
+    if (name.find("experts.2.up_proj.weight_packed") != std::string::npos)
+      file = file == "model-00001-of-00002.safetensors" ? "model-00002-of-00002.safetensors"
+                                                        : "model-00001-of-00002.safetensors";
+  std::ofstream(folder + "/model.safetensors.index.json") << index.dump();
+  EXPECT_THAT(
+      error_of([&] { io::pack_layer(*io::open_layer(folder, 0, {}), 1); }),
+      HasSubstr("experts.2.up_proj.weight_packed' is listed in model.safetensors.index.json"));
+  std::ofstream(folder + "/model.safetensors.index.json") << "{\"weight_map\": {\"a\": \"../x\"}}";
+  EXPECT_THAT(error_of([&] { io::open_layer(folder, 0, {}); }),
+              HasSubstr("not a file of the folder"));
+}
+
+}  // namespace

@@ -1,0 +1,229 @@
+// `w4a8moe layer` end to end (issue 7): GGUF files and compressed-tensors folders written by the
+// suite, the report it prints, its output file against forward() in this process (bit for bit),
+// streaming (the peak resident memory stays far below the file's size), and its failures: exit
+// code 1 with one line on stderr.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "checkpoint_test_util.hpp"
+#include "checkpoint_writers.hpp"
+#include "io/safetensors.hpp"
+
+namespace {
+
+using namespace ckpt_test;
+using namespace w4a8moe;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+#ifdef W4A8MOE_CLI_PATH
+constexpr const char* kCliPath = W4A8MOE_CLI_PATH;
+#else
+constexpr const char* kCliPath = nullptr;
+#endif
+
+struct Result {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+class LayerCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (kCliPath == nullptr) GTEST_SKIP() << "the w4a8moe program is not part of this build";
+  }
+  static std::string quote(const std::string& s) {
+    std::string q = "'";
+    for (const char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+    return q + "'";
+  }
+  static std::string slurp(const std::string& file) {
+    std::ifstream in(file, std::ios::binary);
+    std::ostringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+  Result run(const std::vector<std::string>& args) {
+    std::string command = quote(kCliPath) + " layer";
+    for (const std::string& a : args) command.append(" ").append(quote(a));
+    const std::string out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
+    command.append(" >").append(quote(out)).append(" 2>").append(quote(err)).append(" </dev/null");
+    const int status = std::system(command.c_str());
+    Result r;
+    if (status != -1 && WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+    r.out = slurp(out);
+    r.err = slurp(err);
+    return r;
+  }
+  // A run that must fail: exit code 1, one line on stderr starting "w4a8moe layer: ".
+  std::string failure(const std::vector<std::string>& args) {
+    const Result r = run(args);
+    EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+    EXPECT_THAT(r.err, StartsWith("w4a8moe layer: "));
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    return r.err;
+  }
+  TempDir dir_;
+};
+
+TEST_F(LayerCli, GgufLayerOutputIsForwardsBitForBit) {
+  GgufSpec spec;
+  spec.H = 128;
+  spec.I = 64;
+  spec.E = 16;
+  spec.K = 4;
+  make_gguf(spec).writer.write(dir_ / "qwen.gguf");
+  // bf16 hidden states from a file
+  const int64_t T = 7, H = spec.H, E = spec.E, K = spec.K;
+  std::vector<float> x(static_cast<size_t>(T * H));
+  std::mt19937_64 rng(4);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& v : x) v = from_bf16(bf16_bits(normal(rng)));
+  io::SafetensorsWriter in;
+  in.add("x", DType::bf16, {T, H}, bf16_of(x));
+  in.write(dir_ / "x.safetensors");
+
+  const Result r =
+      run({"--model", dir_ / "qwen.gguf", "--layer", "1", "--input", dir_ / "x.safetensors",
+           "--output", dir_ / "out.safetensors", "--threads", "2", "--repeat", "2", "--compare"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("(gguf), layer 1: H 128, I 64, E 16, top-k 4, silu"));
+  EXPECT_THAT(r.out, HasSubstr("architecture: qwen3moe; routing: softmax, renormalised"));
+  EXPECT_THAT(r.out, HasSubstr("weights: blk.1.ffn_gate_exps.weight: Q4_0 -> int4 exactly"));
+  EXPECT_THAT(r.out, HasSubstr("weights: blk.1.ffn_down_exps.weight: Q4_0 -> int4 exactly"));
+  EXPECT_THAT(r.out, HasSubstr("load: "));
+  EXPECT_THAT(r.out, HasSubstr("forward: 7 tokens, 2 threads: "));
+  EXPECT_THAT(r.out, HasSubstr("tokens/s"));
+  EXPECT_THAT(r.out, HasSubstr("compare: relative RMS error "));
+
+  // The same layer in this process: route the file's x, forward, compare the bytes.
+  const auto source = io::open_layer(dir_ / "qwen.gguf", 1, {});
+  const io::Router router = source->router();
+  const io::PackedLayer packed = io::pack_layer(*source, 1);
+  const std::vector<uint16_t> xb = bf16_of(x);
+  const TensorView xv = TensorView::of(xb.data(), DType::bf16, {T, H});
+  std::vector<float> logits(static_cast<size_t>(T * E));
+  router_logits(xv, TensorView::of(router.weight.data(), DType::f32, {E, H}), {},
+                MutableTensorView::of(logits.data(), DType::f32, {T, E}));
+  std::vector<int32_t> ids(static_cast<size_t>(T * K));
+  std::vector<float> w(static_cast<size_t>(T * K));
+  route(TensorView::of(logits.data(), DType::f32, {T, E}), {}, source->info().routing,
+        MutableTensorView::of(ids.data(), DType::i32, {T, K}),
+        MutableTensorView::of(w.data(), DType::f32, {T, K}));
+  std::vector<uint16_t> expected(static_cast<size_t>(T * H));
+  Context context(1);
+  forward(context, xv, TensorView::of(ids.data(), DType::i32, {T, K}),
+          TensorView::of(w.data(), DType::f32, {T, K}), packed.w13.bytes(), packed.w2.bytes(),
+          source->info().params, MutableTensorView::of(expected.data(), DType::bf16, {T, H}));
+
+  const io::SafetensorsFile out = io::SafetensorsFile::read(dir_ / "out.safetensors");
+  ASSERT_EQ(out.entry("out").dtype, DType::bf16);
+  ASSERT_EQ(out.entry("out").shape, (std::vector<int64_t>{T, H}));
+  EXPECT_EQ(std::memcmp(out.bytes("out").data(), expected.data(), expected.size() * 2), 0)
+      << "the program's output differs from forward() in this process";
+  EXPECT_EQ(std::memcmp(out.bytes("topk_ids").data(), ids.data(), ids.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(out.bytes("topk_weights").data(), w.data(), w.size() * 4), 0);
+}
+
+TEST_F(LayerCli, ConvertedWeightsReportTheirErrorOrAreRefused) {
+  GgufSpec spec;
+  spec.layers = 1;
+  spec.types[2] = kTF16;
+  make_gguf(spec).writer.write(dir_ / "f16.gguf");
+  const Result r = run({"--model", dir_ / "f16.gguf", "--layer", "0", "--tokens", "3", "--threads",
+                        "2", "--repeat", "1", "--compare"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("weights: blk.0.ffn_down_exps.weight: F16 -> int4 g32 (converted): "
+                               "relative RMS error "));
+  EXPECT_THAT(r.out, HasSubstr("forward: 3 tokens"));
+  const std::string err = failure({"--model", dir_ / "f16.gguf", "--layer", "0", "--exact"});
+  EXPECT_THAT(err, HasSubstr("tensor 'blk.0.ffn_down_exps.weight' has type F16, which does not "
+                             "map exactly onto int4"));
+}
+
+TEST_F(LayerCli, CompressedTensorsFolder) {
+  CtSpec spec;
+  spec.model_type = "deepseek_v3";
+  spec.shards = 2;
+  spec.E = 16;
+  spec.K = 4;
+  CtModel c = make_ct(spec);
+  c.writer.config["scoring_func"] = "sigmoid";
+  c.writer.config["topk_method"] = "noaux_tc";
+  c.writer.config["n_group"] = 4;
+  c.writer.config["topk_group"] = 2;
+  c.writer.config["routed_scaling_factor"] = 2.5;
+  c.writer.config["norm_topk_prob"] = true;
+  c.writer.write(dir_ / "ckpt");
+  const Result r = run({"--model", dir_ / "ckpt", "--layer", "1", "--tokens", "9", "--threads", "2",
+                        "--repeat", "1", "--compare", "--output", dir_ / "o.safetensors"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("(compressed-tensors), layer 1: H 64, I 64, E 16, top-k 4"));
+  EXPECT_THAT(r.out, HasSubstr("routing: sigmoid, renormalised, 2 of 4 groups (top-2 sum), "
+                               "scaled by 2.5, selection bias"));
+  EXPECT_THAT(r.out, HasSubstr("pack-quantized int4 g32, BF16 scales -> int4 exactly"));
+  const io::SafetensorsFile out = io::SafetensorsFile::read(dir_ / "o.safetensors");
+  EXPECT_EQ(out.entry("out").shape, (std::vector<int64_t>{9, 64}));
+  EXPECT_EQ(out.entry("out").dtype, DType::f32);
+}
+
+TEST_F(LayerCli, LoadingStreams) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "resident memory says nothing under AddressSanitizer (shadow memory, quarantine)";
+#endif
+  // One layer of 32 BF16 experts: 48 MiB in the file, 15 MiB packed. The loader maps the file and
+  // releases each expert's pages once packed: the process never holds the tensors (without the
+  // release, the peak would be about 85 MiB).
+  GgufSpec spec;
+  spec.layers = 1;
+  spec.H = spec.I = 512;
+  spec.E = 32;
+  spec.types[0] = spec.types[1] = spec.types[2] = kTBF16;
+  make_gguf(spec).writer.write(dir_ / "big.gguf");
+  const double file_mib =
+      static_cast<double>(std::filesystem::file_size(dir_ / "big.gguf")) / (1 << 20);
+  ASSERT_GT(file_mib, 45.0);
+  const Result r = run({"--model", dir_ / "big.gguf", "--layer", "0", "--tokens", "1", "--threads",
+                        "2", "--repeat", "1"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const size_t at_packed = r.out.find("(packed "), at_peak = r.out.find("peak resident memory ");
+  ASSERT_NE(at_packed, std::string::npos) << r.out;
+  ASSERT_NE(at_peak, std::string::npos) << r.out;
+  const double packed = std::stod(r.out.substr(at_packed + 8));
+  const double peak = std::stod(r.out.substr(at_peak + 21));
+  EXPECT_GT(packed, 14.0);
+  EXPECT_LT(peak, packed + 30.0) << "the loader held more than the packed layer and a chunk ("
+                                 << file_mib << " MiB file)";
+}
+
+TEST_F(LayerCli, Failures) {
+  GgufSpec spec;
+  spec.layers = 1;
+  make_gguf(spec).writer.write(dir_ / "m.gguf");
+  EXPECT_THAT(failure({"--model", dir_ / "absent.gguf", "--layer", "0"}),
+              HasSubstr("absent.gguf': no such file or folder"));
+  EXPECT_THAT(failure({"--model", dir_ / "m.gguf", "--layer", "4"}),
+              HasSubstr("layer 4 does not exist: the model has 1 blocks"));
+  EXPECT_THAT(failure({"--model", dir_ / "m.gguf", "--layer", "0", "--tokens", "0"}),
+              HasSubstr("--tokens: expected at least 1, got 0"));
+  io::SafetensorsWriter in;
+  in.add("x", DType::f32, {2, 32}, std::vector<float>(64, 1.0f));
+  in.write(dir_ / "x.safetensors");
+  EXPECT_THAT(
+      failure({"--model", dir_ / "m.gguf", "--layer", "0", "--input", dir_ / "x.safetensors"}),
+      HasSubstr("tensor 'x' must be F32, BF16 or F16 [T, 64] with T >= 1, got F32 of rank 2 "
+                "[2, 32]"));
+  std::vector<uint8_t> bytes = make_gguf(spec).writer.serialize();
+  bytes.resize(bytes.size() / 2);
+  write_file(dir_ / "cut.gguf", bytes);
+  EXPECT_THAT(failure({"--model", dir_ / "cut.gguf", "--layer", "0"}),
+              HasSubstr("runs past the end of the file"));
+}
+
+}  // namespace
