@@ -112,8 +112,8 @@ View fuzz_view(Reader& r, Buffers& buffers, DType want_dtype,
   return v;
 }
 
-TensorView fuzz_tensor(Reader& r, Buffers& b, DType d, std::initializer_list<int64_t> s,
-                       bool& skip, int64_t id_bound = 0) {
+TensorView fuzz_tensor(Reader& r, Buffers& b, DType d, std::initializer_list<int64_t> s, bool& skip,
+                       int64_t id_bound = 0) {
   return fuzz_view<TensorView>(r, b, d, s, skip, id_bound);
 }
 
@@ -299,8 +299,8 @@ void fuzz_forward(Reader& r, bool reference) {
     if (x.shape[0] == 0) return;
     // accepted: every id was in range, and one thread gives the same bits
     if (!ids_in_range(ids, E)) finding("forward() accepted an id out of range");
-    const size_t out_bytes = static_cast<size_t>(fuzz::claimed_bytes(
-        out.dtype, out.rank, out.shape, out.stride()));
+    const size_t out_bytes =
+        static_cast<size_t>(fuzz::claimed_bytes(out.dtype, out.rank, out.shape, out.stride()));
     std::vector<uint8_t> first(static_cast<const uint8_t*>(out.data),
                                static_cast<const uint8_t*>(out.data) + out_bytes);
     context(1).set_memory_limit(kLimit);
@@ -350,16 +350,15 @@ void fuzz_supported(Reader& r) {
   PackOptions o;
   o.group_size = g;
   try {
-    const PackedWeights p13 = pack_w13(
-        TensorView::of(w13.data(), DType::i8, {E, 2 * I, H}),
-        g < 0 ? TensorView::of(s13.data(), DType::f32, {E, 2 * I})
-              : TensorView::of(s13.data(), DType::f32, {E, 2 * I, H / g}),
-        {}, o);
-    const PackedWeights p2 =
-        pack_w2(TensorView::of(w2.data(), DType::i8, {E, H, I}),
-                g < 0 ? TensorView::of(s2.data(), DType::f32, {E, H})
-                      : TensorView::of(s2.data(), DType::f32, {E, H, I / g}),
-                {}, o);
+    const PackedWeights p13 =
+        pack_w13(TensorView::of(w13.data(), DType::i8, {E, 2 * I, H}),
+                 g < 0 ? TensorView::of(s13.data(), DType::f32, {E, 2 * I})
+                       : TensorView::of(s13.data(), DType::f32, {E, 2 * I, H / g}),
+                 {}, o);
+    const PackedWeights p2 = pack_w2(TensorView::of(w2.data(), DType::i8, {E, H, I}),
+                                     g < 0 ? TensorView::of(s2.data(), DType::f32, {E, H})
+                                           : TensorView::of(s2.data(), DType::f32, {E, H, I / g}),
+                                     {}, o);
     std::vector<float> x(static_cast<size_t>(H), 0.5f), out(static_cast<size_t>(H) * 2);
     std::vector<int32_t> ids(static_cast<size_t>(K));
     for (int64_t k = 0; k < K; ++k) ids[static_cast<size_t>(k)] = static_cast<int32_t>(k % E);
@@ -385,7 +384,8 @@ void fuzz_infer(Reader& r) {
   const DType d = any_dtype(r);
   const OutputSpec o = infer_output(shapes[0], d, shapes[1], shapes[2]);
   if (shapes[0].size() != 2 || o.shape[0] != shapes[0][0] || o.shape[1] != shapes[0][1] ||
-      o.dtype != d || shapes[1].size() != 2 || shapes[1][0] != shapes[0][0] || shapes[2] != shapes[1])
+      o.dtype != d || shapes[1].size() != 2 || shapes[1][0] != shapes[0][0] ||
+      shapes[2] != shapes[1])
     finding("infer_output accepted inconsistent shapes");
 }
 

@@ -14,13 +14,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
-#include <array>
 #include <span>
 #include <string>
 #include <vector>
@@ -66,7 +66,8 @@ class Reader {
   // A dimension: mostly sizes the library likes (multiples of 32 and their neighbours), some
   // small numbers, and hostile values (zero, negatives, the limits and past them, overflow).
   int64_t dim() {
-    static constexpr int64_t kNice[] = {1, 2, 3, 4, 8, 16, 31, 32, 33, 40, 63, 64, 65, 96, 128, 256};
+    static constexpr int64_t kNice[] = {1,  2,  3,  4,  8,  16, 31,  32,
+                                        33, 40, 63, 64, 65, 96, 128, 256};
     static constexpr int64_t kHostile[] = {0,
                                            -1,
                                            -32,
@@ -200,11 +201,13 @@ inline void forward_on_one_and_two_threads(std::span<const uint8_t> w13,
   std::vector<uint8_t> x(static_cast<size_t>(T * H) * eb);
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<uint8_t>(r.u8() ^ (i * 37));
   if (dt == DType::f32)  // keep most f32 values finite and of order one
-    for (size_t i = 0; i + 3 < x.size(); i += 4) x[i + 3] = static_cast<uint8_t>(0x3e + (x[i + 3] & 0x81));
+    for (size_t i = 0; i + 3 < x.size(); i += 4)
+      x[i + 3] = static_cast<uint8_t>(0x3e + (x[i + 3] & 0x81));
   std::vector<int32_t> ids(static_cast<size_t>(T * K));
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(r.u8() % E);
   std::vector<float> weights(ids.size());
-  for (size_t i = 0; i < weights.size(); ++i) weights[i] = 0.125f * static_cast<float>(1 + r.u8() % 8);
+  for (size_t i = 0; i < weights.size(); ++i)
+    weights[i] = 0.125f * static_cast<float>(1 + r.u8() % 8);
   MoeParams params;
   params.activation = static_cast<Activation>(r.u8() % 5);
   params.apply_router_weight_on_input = r.flag();

@@ -16,8 +16,7 @@ W4A8MOE_FUZZ_TARGET(packed_file) {
   std::vector<uint8_t> bytes(data + 1, data + size);
   constexpr size_t kHeader = 4096, kPayloadSumAt = 96, kHeaderSumAt = 248;
   if ((flags & 2) != 0 && bytes.size() >= kHeader) {
-    const uint64_t sum =
-        w4a8moe::detail::Xxh64::of(bytes.data() + kHeader, bytes.size() - kHeader);
+    const uint64_t sum = w4a8moe::detail::Xxh64::of(bytes.data() + kHeader, bytes.size() - kHeader);
     std::memcpy(bytes.data() + kPayloadSumAt, &sum, 8);
   }
   if ((flags & 1) != 0 && bytes.size() >= kHeaderSumAt + 8) {

@@ -22,7 +22,8 @@ namespace fs = std::filesystem;
 void write(const fs::path& file, const std::vector<uint8_t>& bytes) {
   fs::create_directories(file.parent_path());
   std::ofstream out(file, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
   std::printf("%s (%zu bytes)\n", file.string().c_str(), bytes.size());
 }
 
@@ -48,10 +49,13 @@ uint16_t bf16(float f) {
 Layer make(int64_t E, int64_t H, int64_t I, int group, bool bias, int64_t T, int64_t K) {
   Layer l{E, H, I, group, bias, {}, {}, {}, {}, {}, {}, {}, {}, {}, T, K};
   const int64_t g13 = group < 0 ? 1 : H / group, g2 = group < 0 ? 1 : I / group;
-  for (int64_t i = 0; i < E * 2 * I * H; ++i) l.w13.push_back(static_cast<int8_t>((i * 7) % 16 - 8));
+  for (int64_t i = 0; i < E * 2 * I * H; ++i)
+    l.w13.push_back(static_cast<int8_t>((i * 7) % 16 - 8));
   for (int64_t i = 0; i < E * H * I; ++i) l.w2.push_back(static_cast<int8_t>((i * 3) % 16 - 8));
-  for (int64_t i = 0; i < E * 2 * I * g13; ++i) l.s13.push_back(bf16(0.01f * static_cast<float>(1 + i % 5)));
-  for (int64_t i = 0; i < E * H * g2; ++i) l.s2.push_back(bf16(0.02f * static_cast<float>(1 + i % 3)));
+  for (int64_t i = 0; i < E * 2 * I * g13; ++i)
+    l.s13.push_back(bf16(0.01f * static_cast<float>(1 + i % 5)));
+  for (int64_t i = 0; i < E * H * g2; ++i)
+    l.s2.push_back(bf16(0.02f * static_cast<float>(1 + i % 3)));
   if (bias) {
     l.b13.assign(static_cast<size_t>(E * 2 * I), 0.1f);
     l.b2.assign(static_cast<size_t>(E * H), -0.05f);
@@ -131,7 +135,8 @@ int main(int argc, char** argv) {
 
   // safetensors: case files, and two broken ones
   for (int i = 0; i < 3; ++i)
-    write(root / "safetensors" / ("seed-case-" + std::to_string(i)), case_file(layers[i], activations[i]));
+    write(root / "safetensors" / ("seed-case-" + std::to_string(i)),
+          case_file(layers[i], activations[i]));
   std::vector<uint8_t> broken = case_file(layers[0], "silu");
   broken.resize(broken.size() / 2);
   write(root / "safetensors" / "seed-truncated", broken);

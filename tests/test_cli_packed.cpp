@@ -150,10 +150,15 @@ TEST_F(CliPacked, RunWithAPackedFileGivesTheSameBits) {
                             path("plain.safetensors"), "--threads", "2"});
   ASSERT_EQ(plain.exit_code, 0) << plain.err;
   for (const bool skip : {false, true}) {
-    std::vector<std::string> args = {"run",       "--input", path("case.safetensors"),
-                                     "--output",  path("packed.safetensors"),
-                                     "--packed",  path("w.w4a8"),
-                                     "--threads", "2"};
+    std::vector<std::string> args = {"run",
+                                     "--input",
+                                     path("case.safetensors"),
+                                     "--output",
+                                     path("packed.safetensors"),
+                                     "--packed",
+                                     path("w.w4a8"),
+                                     "--threads",
+                                     "2"};
     if (skip) args.push_back("--skip-checksum");
     const Result r = run(args);
     ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -173,8 +178,8 @@ TEST_F(CliPacked, PackForTheScalarSetRunsAsTheScalarSet) {
 }
 
 TEST_F(CliPacked, RunRefusesTheFileOfAnotherCase) {
-  ASSERT_EQ(run({"pack", "--input", path("case.safetensors"), "--output", path("w.w4a8")}).exit_code,
-            0);
+  ASSERT_EQ(
+      run({"pack", "--input", path("case.safetensors"), "--output", path("w.w4a8")}).exit_code, 0);
   CaseSpec other = cli_spec(802);
   other.hidden = 96;
   write_case(moe_test::make_case(other), path("other.safetensors"));
@@ -185,8 +190,8 @@ TEST_F(CliPacked, RunRefusesTheFileOfAnotherCase) {
 }
 
 TEST_F(CliPacked, RunRefusesADamagedFile) {
-  ASSERT_EQ(run({"pack", "--input", path("case.safetensors"), "--output", path("w.w4a8")}).exit_code,
-            0);
+  ASSERT_EQ(
+      run({"pack", "--input", path("case.safetensors"), "--output", path("w.w4a8")}).exit_code, 0);
   {
     std::fstream f(path("w.w4a8"), std::ios::binary | std::ios::in | std::ios::out);
     f.seekp(5000);
@@ -203,8 +208,8 @@ TEST_F(CliPacked, RunRefusesADamagedFile) {
 }
 
 TEST_F(CliPacked, BenchTimesAPackedFileAtItsShapes) {
-  ASSERT_EQ(run({"pack", "--input", path("case.safetensors"), "--output", path("w.w4a8")}).exit_code,
-            0);
+  ASSERT_EQ(
+      run({"pack", "--input", path("case.safetensors"), "--output", path("w.w4a8")}).exit_code, 0);
   const Result r = run({"bench", "--packed", path("w.w4a8"), "--tokens", "5", "--repeat", "1",
                         "--threads", "2", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -222,9 +227,9 @@ TEST_F(CliPacked, BenchTimesAPackedFileAtItsShapes) {
 TEST_F(CliPacked, PackFailuresAreOneLine) {
   expect_failure(run({"pack", "--input", path("missing.safetensors"), "--output", path("w.w4a8")}),
                  "pack", "missing.safetensors");
-  expect_failure(run({"pack", "--input", path("case.safetensors"), "--output",
-                      path("no_dir/w.w4a8")}),
-                 "pack", "no_dir");
+  expect_failure(
+      run({"pack", "--input", path("case.safetensors"), "--output", path("no_dir/w.w4a8")}), "pack",
+      "no_dir");
   expect_failure(run({"pack", "--input", path("case.safetensors"), "--output", path("w.w4a8"),
                       "--kernel-set", "nonesuch"}),
                  "pack", "nonesuch");

@@ -59,7 +59,8 @@ std::vector<uint8_t> read_bytes(const std::string& path) {
 
 void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
 }
 
 template <class T>
@@ -207,12 +208,12 @@ TEST_F(PackedFileTest, MovedFromAndEmptyFilesHaveNoBuffers) {
 TEST_F(PackedFileTest, SaveChecksTheBuffersAndLeavesTheOldFile) {
   save(path_);
   const std::vector<uint8_t> before = read_bytes(path_);
-  EXPECT_TRUE(throws_error(
-      [&] { w4a8moe::save_packed(path_, packed_.w2.bytes(), packed_.w13.bytes()); },
-      {"w13_packed", "w2"}));
+  EXPECT_TRUE(
+      throws_error([&] { w4a8moe::save_packed(path_, packed_.w2.bytes(), packed_.w13.bytes()); },
+                   {"w13_packed", "w2"}));
   std::vector<uint8_t> truncated(packed_.w2.bytes().begin(), packed_.w2.bytes().end() - 1);
-  EXPECT_TRUE(throws_error(
-      [&] { w4a8moe::save_packed(path_, packed_.w13.bytes(), truncated); }, {"w2_packed"}));
+  EXPECT_TRUE(throws_error([&] { w4a8moe::save_packed(path_, packed_.w13.bytes(), truncated); },
+                           {"w2_packed"}));
   w4a8moe::PackedFileMeta meta;
   meta.top_k = 6;  // more than the 5 experts
   EXPECT_TRUE(throws_error(

@@ -312,6 +312,31 @@ TEST(HostilePointers, MisalignedViewsGiveTheSameBits) {
   }
 }
 
+TEST(HostilePointers, AnOutputOverlappingTheInputsIsRefused) {
+  const Case c = moe_test::make_case(spec_for(64, 732));
+  const moe_test::PackedPair packed = moe_test::pack(c);
+  w4a8moe::Context ctx(1);
+  const int64_t T = c.spec.tokens, H = c.spec.hidden;
+  std::vector<uint8_t> x = c.x.bytes;
+  const auto run_into = [&](void* out) {
+    return [&, out] {
+      w4a8moe::forward(ctx, TensorView::of(x.data(), DType::f32, {T, H}), c.ids_view(),
+                       c.topk_weights_view(), packed.w13.bytes(), packed.w2.bytes(), c.params(),
+                       MutableTensorView::of(out, DType::f32, {T, H}));
+    };
+  };
+  EXPECT_TRUE(throws_error(run_into(x.data()), {"out", "overlap", "x"}));
+  std::vector<uint8_t> wide(x.size() * 2);  // out starts inside x's last row
+  std::memcpy(wide.data(), x.data(), x.size());
+  x.swap(wide);
+  EXPECT_TRUE(throws_error(run_into(x.data() + (T - 1) * H * 4 + 4), {"out", "overlap"}));
+}
+
+TEST(HostileShapes, ThreadCountsAreBounded) {
+  EXPECT_TRUE(throws_error([] { w4a8moe::Context c(5000); }, {"threads", "4096", "5000"}));
+  EXPECT_TRUE(throws_error([] { w4a8moe::Context c(-3); }, {"threads", "-3"}));
+}
+
 // ---- reads stay inside the buffers -------------------------------------------------------------
 
 // A copy of some bytes placed against an inaccessible page: its last byte just before the page

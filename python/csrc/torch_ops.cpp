@@ -244,10 +244,10 @@ std::array<int64_t, 2> infer_output(const Tensor& x, const Tensor& topk_ids,
     TORCH_CHECK(topk_ids.scalar_type() == at::kInt || topk_ids.scalar_type() == at::kLong,
                 "topk_ids: expected dtype int32 or int64, got ", topk_ids.scalar_type());
     if (x.size(0) == 0) {  // an empty batch: nothing to compute
-      TORCH_CHECK(topk_ids.dim() == 2 && topk_ids.size(0) == 0 && topk_weights.sizes() ==
-                                                                     topk_ids.sizes(),
-                  "topk_ids, topk_weights: expected shape [0, K] for an empty x, got ",
-                  topk_ids.sizes(), " and ", topk_weights.sizes());
+      TORCH_CHECK(
+          topk_ids.dim() == 2 && topk_ids.size(0) == 0 && topk_weights.sizes() == topk_ids.sizes(),
+          "topk_ids, topk_weights: expected shape [0, K] for an empty x, got ", topk_ids.sizes(),
+          " and ", topk_weights.sizes());
       return std::array<int64_t, 2>{0, s.hidden};
     }
     const auto spec = w4a8moe::infer_output(x.sizes().vec(), to_dtype(x.scalar_type(), "x"),
@@ -315,9 +315,9 @@ Tensor moe_ex_meta(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_w
   TORCH_CHECK(group_size == -1 || (group_size > 0 && group_size % 32 == 0),
               "group_size: expected -1 or a multiple of 32, got ", group_size);
   TORCH_CHECK(limit > 0.0, "limit: expected a positive value, got ", limit);
-  const auto shape = infer_output(x, topk_ids, topk_weights,
-                                  Sizes{hidden_size, intermediate_size, group_size},
-                                  activation_kind);
+  const auto shape =
+      infer_output(x, topk_ids, topk_weights, Sizes{hidden_size, intermediate_size, group_size},
+                   activation_kind);
   return at::empty({shape[0], shape[1]}, x.options());
 }
 
@@ -345,8 +345,8 @@ w4a8moe::PackOptions pack_options(int64_t group_size, const std::string& gate_up
   else if (gate_up_layout == "interleaved")
     o.gate_up_layout = w4a8moe::GateUpLayout::interleaved;
   else
-    TORCH_CHECK(false, "gate_up_layout: expected 'halves' or 'interleaved', got '",
-                gate_up_layout, "'");
+    TORCH_CHECK(false, "gate_up_layout: expected 'halves' or 'interleaved', got '", gate_up_layout,
+                "'");
   if (scale_storage == "as_given")
     o.scale_storage = w4a8moe::ScaleStorage::as_given;
   else if (scale_storage == "bf16")
@@ -369,7 +369,9 @@ LogicalShape check_weight_shapes(const Tensor& w13, const Tensor& w2) {
                 ": expected dtype int8 (int4 values) or uint8 (nibble-packed), got ",
                 t->scalar_type());
   }
-  const auto cols = [](const Tensor& t) { return t.size(2) * (t.scalar_type() == at::kByte ? 2 : 1); };
+  const auto cols = [](const Tensor& t) {
+    return t.size(2) * (t.scalar_type() == at::kByte ? 2 : 1);
+  };
   TORCH_CHECK(w13.size(1) % 2 == 0, "w13_weight: expected an even number of rows (2I), got shape ",
               w13.sizes());
   const LogicalShape s{w13.size(0), cols(w13), w13.size(1) / 2};
@@ -426,8 +428,8 @@ std::tuple<Tensor, Tensor> pack_cpu(const Tensor& w13_weight, const Tensor& w2_w
                                     const Tensor& w13_weight_scale, const Tensor& w2_weight_scale,
                                     int64_t group_size, const c10::optional<Tensor>& w13_bias,
                                     const c10::optional<Tensor>& w2_bias) {
-  return pack_ex_cpu(w13_weight, w2_weight, w13_weight_scale, w2_weight_scale, group_size,
-                     w13_bias, w2_bias, "halves", "as_given", "");
+  return pack_ex_cpu(w13_weight, w2_weight, w13_weight_scale, w2_weight_scale, group_size, w13_bias,
+                     w2_bias, "halves", "as_given", "");
 }
 
 // The packed sizes from shapes and dtypes alone.
@@ -455,13 +457,12 @@ std::tuple<Tensor, Tensor> pack_ex_meta(const Tensor& w13_weight, const Tensor& 
       return static_cast<int64_t>(g.total_bytes);
     };
     const auto o = w13_weight.options().dtype(at::kByte);
-    return std::make_tuple(
-        at::empty({bytes(w4a8moe::WeightRole::w13, 2 * s.inter, s.hidden, w13_weight_scale,
-                         w13_bias, "w13_weight_scale")},
-                  o),
-        at::empty({bytes(w4a8moe::WeightRole::w2, s.hidden, s.inter, w2_weight_scale, w2_bias,
-                         "w2_weight_scale")},
-                  o));
+    return std::make_tuple(at::empty({bytes(w4a8moe::WeightRole::w13, 2 * s.inter, s.hidden,
+                                            w13_weight_scale, w13_bias, "w13_weight_scale")},
+                                     o),
+                           at::empty({bytes(w4a8moe::WeightRole::w2, s.hidden, s.inter,
+                                            w2_weight_scale, w2_bias, "w2_weight_scale")},
+                                     o));
   });
 }
 
@@ -476,8 +477,8 @@ std::tuple<Tensor, Tensor> pack_meta(const Tensor& w13_weight, const Tensor& w2_
 // ---------------------------------------------------------------------------------------------
 // Companions
 
-using InfoTuple = std::tuple<int64_t, std::string, std::string, int64_t, int64_t, int64_t,
-                             int64_t, std::string, bool, int64_t, int64_t>;
+using InfoTuple = std::tuple<int64_t, std::string, std::string, int64_t, int64_t, int64_t, int64_t,
+                             std::string, bool, int64_t, int64_t>;
 
 InfoTuple packed_info_cpu(const Tensor& packed) {
   return translate_errors([&] {
@@ -610,8 +611,8 @@ TORCH_LIBRARY_IMPL(w4a8moe, Meta, m) {
 // The ops have no derivative. Torch 1.13 has no fallthrough for AutogradMeta (it has one for
 // AutogradCPU), so meta and fake tensors would stop there without these.
 TORCH_LIBRARY_IMPL(w4a8moe, AutogradMeta, m) {
-  for (const char* name : {"dynamic_4bit_int_moe", "dynamic_4bit_int_moe_ex",
-                           "convert_to_w4a8_int8_moe_format",
-                           "convert_to_w4a8_int8_moe_format_ex", "packed_info"})
+  for (const char* name :
+       {"dynamic_4bit_int_moe", "dynamic_4bit_int_moe_ex", "convert_to_w4a8_int8_moe_format",
+        "convert_to_w4a8_int8_moe_format_ex", "packed_info"})
     m.impl(name, torch::CppFunction::makeFallthrough());
 }

@@ -461,14 +461,17 @@ void forward(Context& context, const TensorView& x, const TensorView& topk_ids,
   if (layout.total > impl.memory_limit) {
     const Layout one = plan(p, 1, threads);
     if (one.total > impl.memory_limit)
-      throw Error(cat("context: the call needs ", one.total, " bytes of scratch memory (one token: H ",
-                      p.s.hidden, ", I ", p.s.inter, ", K ", p.s.top_k, ", ", threads,
-                      " threads), more than the memory limit of ", impl.memory_limit,
-                      " bytes; raise it with Context::set_memory_limit"));
+      throw Error(cat("context: the call needs ", one.total,
+                      " bytes of scratch memory (one token: H ", p.s.hidden, ", I ", p.s.inter,
+                      ", K ", p.s.top_k, ", ", threads, " threads), more than the memory limit of ",
+                      impl.memory_limit, " bytes; raise it with Context::set_memory_limit"));
     int64_t lo = 1, hi = p.chunk_tokens - 1;  // lo fits, hi + 1 does not
     while (lo < hi) {
       const int64_t mid = lo + (hi - lo + 1) / 2;
-      if (plan(p, mid, threads).total <= impl.memory_limit) lo = mid; else hi = mid - 1;
+      if (plan(p, mid, threads).total <= impl.memory_limit)
+        lo = mid;
+      else
+        hi = mid - 1;
     }
     p.chunk_tokens = lo;
     layout = plan(p, p.chunk_tokens, threads);

@@ -74,9 +74,9 @@ void require_addressable(const void* data, DType dtype, int rank,
   uint64_t bytes = 0;
   overflow = overflow || __builtin_mul_overflow(span, uint64_t{dtype_bytes(dtype)}, &bytes);
   uint64_t end = 0;
-  overflow = overflow || bytes > static_cast<uint64_t>(PTRDIFF_MAX) ||
-             __builtin_add_overflow(static_cast<uint64_t>(reinterpret_cast<uintptr_t>(data)),
-                                    bytes, &end);
+  overflow =
+      overflow || bytes > static_cast<uint64_t>(PTRDIFF_MAX) ||
+      __builtin_add_overflow(static_cast<uint64_t>(reinterpret_cast<uintptr_t>(data)), bytes, &end);
   if (overflow)
     throw Error(cat(name, ": expected a tensor that fits in the address space, got shape ",
                     shape_string(rank, shape), " with row stride ", stride, " of dtype ",

@@ -104,11 +104,12 @@ class Fd {
 void write_all(int fd, const uint8_t* data, size_t bytes, uint64_t offset,
                const std::string& path) {
   while (bytes > 0) {
-    const ssize_t n = ::pwrite(fd, data, std::min(bytes, size_t{1} << 30),
-                               static_cast<off_t>(offset));
+    const ssize_t n =
+        ::pwrite(fd, data, std::min(bytes, size_t{1} << 30), static_cast<off_t>(offset));
     if (n < 0) {
       if (errno == EINTR) continue;
-      fail(path, cat("cannot write ", bytes, " bytes at offset ", offset, " (", reason(errno), ")"));
+      fail(path,
+           cat("cannot write ", bytes, " bytes at offset ", offset, " (", reason(errno), ")"));
     }
     data += n;
     bytes -= static_cast<size_t>(n);
@@ -220,7 +221,8 @@ void save_packed(const std::string& path, std::span<const uint8_t> w13_packed,
   write_all(fd.get(), w13_packed.data(), w13_packed.size(), h.w13_offset, path);
   write_all(fd.get(), zeros, gap, h.w13_offset + h.w13_bytes, path);
   write_all(fd.get(), w2_packed.data(), w2_packed.size(), h.w2_offset, path);
-  if (::fsync(fd.get()) != 0) fail(path, cat("cannot flush the file to disk (", reason(errno), ")"));
+  if (::fsync(fd.get()) != 0)
+    fail(path, cat("cannot flush the file to disk (", reason(errno), ")"));
 
   if (unnamed) {  // give the complete file a temporary name next to its final one
     const std::string proc = cat("/proc/self/fd/", fd.get());
@@ -289,8 +291,7 @@ void verify(PackedFile::Impl& f, const PackedFileOptions& options) {
                    h.format_version, "; repack the weights with `w4a8moe pack`"));
   if (h.checksum_kind != kChecksumXxh64)
     fail(path, cat("expected checksum kind ", kChecksumXxh64, " (XXH64), got ", h.checksum_kind));
-  if ((h.meta_flags & ~kMetaParams) != 0)
-    fail(path, cat("unknown header flags ", h.meta_flags));
+  if ((h.meta_flags & ~kMetaParams) != 0) fail(path, cat("unknown header flags ", h.meta_flags));
   for (size_t i = 0; i < sizeof h.reserved; ++i)
     if (h.reserved[i] != 0 || h.reserved0 != 0) fail(path, "reserved header bytes are not zero");
   for (size_t i = sizeof h; i < kFileHeaderBytes; ++i)
@@ -334,15 +335,15 @@ void verify(PackedFile::Impl& f, const PackedFileOptions& options) {
     if (f.base[i] != 0) fail(path, cat("gap byte ", i, " between the buffers is not zero"));
   const Geometry g13 = read_geometry(f.w13, cat(where(path), ", w13"));
   const Geometry g2 = read_geometry(f.w2, cat(where(path), ", w2"));
-  const ForwardShape s = check_packed_pair(g13, g2, cat(where(path), ", w13"),
-                                           cat(where(path), ", w2"));
+  const ForwardShape s =
+      check_packed_pair(g13, g2, cat(where(path), ", w13"), cat(where(path), ", w2"));
   if (g13.layout != layout.id || static_cast<uint64_t>(s.experts) != h.experts ||
       static_cast<uint64_t>(s.hidden) != h.hidden || static_cast<uint64_t>(s.inter) != h.inter ||
       g13.group_size != h.group_size)
-    fail(path, cat("the header (", h.experts, " experts, H ", h.hidden, ", I ", h.inter,
-                   ", group ", h.group_size, ", layout ", layout.name,
-                   ") does not match its buffers (", s.experts, " experts, H ", s.hidden, ", I ",
-                   s.inter, ", group ", g13.group_size, ", layout ", layout_name(g13.layout), ")"));
+    fail(path, cat("the header (", h.experts, " experts, H ", h.hidden, ", I ", h.inter, ", group ",
+                   h.group_size, ", layout ", layout.name, ") does not match its buffers (",
+                   s.experts, " experts, H ", s.hidden, ", I ", s.inter, ", group ", g13.group_size,
+                   ", layout ", layout_name(g13.layout), ")"));
 
   PackedFileInfo& info = f.info;
   info.file_version = h.file_version;
@@ -362,9 +363,8 @@ void verify(PackedFile::Impl& f, const PackedFileOptions& options) {
   if ((h.meta_flags & kMetaParams) != 0) {
     if (h.activation < 0 || h.activation > 4 || h.router_on_input > 1 || !std::isfinite(h.alpha) ||
         !(h.limit > 0.0f))
-      fail(path, cat("invalid recorded model settings (activation code ", h.activation,
-                     ", alpha ", h.alpha, ", limit ", h.limit, ", router side ", h.router_on_input,
-                     ")"));
+      fail(path, cat("invalid recorded model settings (activation code ", h.activation, ", alpha ",
+                     h.alpha, ", limit ", h.limit, ", router side ", h.router_on_input, ")"));
     info.meta.has_params = true;
     info.meta.params.activation = static_cast<Activation>(h.activation);
     info.meta.params.alpha = h.alpha;

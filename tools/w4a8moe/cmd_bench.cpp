@@ -120,10 +120,14 @@ int bench_command(const BenchOptions& o) {
     file = PackedFile::open(o.packed, file_options);
     load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
     const PackedFileInfo& f = file.info();
-    packed_preset = Preset{o.packed.c_str(), f.hidden, f.inter, f.experts,
+    packed_preset = Preset{o.packed.c_str(),
+                           f.hidden,
+                           f.inter,
+                           f.experts,
                            f.meta.top_k > 0 ? f.meta.top_k : std::min<int64_t>(8, f.experts),
                            f.meta.has_params ? f.meta.params.activation : Activation::silu,
-                           false, f.meta.has_params && f.meta.params.apply_router_weight_on_input};
+                           false,
+                           f.meta.has_params && f.meta.params.apply_router_weight_on_input};
   }
   const bool from_file = !o.packed.empty();
   const Preset& preset = from_file ? packed_preset : find_preset(o.preset);
@@ -170,9 +174,9 @@ int bench_command(const BenchOptions& o) {
     w2 = w2_packed.bytes();
   }
   const double pack_s =
-      from_file ? load_s
-                : std::chrono::duration<double>(std::chrono::steady_clock::now() - pack_start)
-                      .count();
+      from_file
+          ? load_s
+          : std::chrono::duration<double>(std::chrono::steady_clock::now() - pack_start).count();
   const size_t expert_bytes = inspect_packed(w13).expert_bytes + inspect_packed(w2).expert_bytes;
 
   Input x{x_dtype, make_activations(T, H, o.seed), {}};

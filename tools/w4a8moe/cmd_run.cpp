@@ -33,11 +33,11 @@ void check_packed_matches_case(const PackedFile& file, const io::LoadedCase& c) 
              ", group " + std::to_string(g) + ", biases " + (bias13 ? "w13" : "-") + "/" +
              (bias2 ? "w2" : "-");
     };
-    throw Error("--packed: expected experts matching the case (" +
-                describe(experts, hidden, inter, c.weights.group_size, b13, b2) + "), got '" +
-                file.path() + "' with " +
-                describe(f.experts, f.hidden, f.inter, f.group_size, f.w13.has_bias,
-                         f.w2.has_bias));
+    throw Error(
+        "--packed: expected experts matching the case (" +
+        describe(experts, hidden, inter, c.weights.group_size, b13, b2) + "), got '" + file.path() +
+        "' with " +
+        describe(f.experts, f.hidden, f.inter, f.group_size, f.w13.has_bias, f.w2.has_bias));
   }
 }
 

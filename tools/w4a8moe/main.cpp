@@ -42,7 +42,8 @@ int main(int argc, char** argv) {
   r->add_option("--threads", run.threads, "threads (0: all hardware threads)")
       ->capture_default_str();
   // ---- issue 6: packed weight files ----
-  r->add_option("--packed", run.packed, "W.w4a8 (from `w4a8moe pack`): its experts, not the case's");
+  r->add_option("--packed", run.packed,
+                "W.w4a8 (from `w4a8moe pack`): its experts, not the case's");
   r->add_flag("--skip-checksum", run.skip_checksum, "do not hash the packed file's payload");
   b->add_option("--packed", bench.packed, "W.w4a8 (from `w4a8moe pack`): time its experts")
       ->excludes(b->get_option("--preset"))
@@ -55,7 +56,7 @@ int main(int argc, char** argv) {
       ->required();
   pk->add_option("--output", pack.output, "W.w4a8 to write")->required();
   pk->add_option("--kernel-set", pack.kernel_set,
-                "pack for this kernel set (default: the best one this machine runs)");
+                 "pack for this kernel set (default: the best one this machine runs)");
   pk->add_option("--scales", pack.scales, "stored scales: as_given or bf16")->capture_default_str();
   // ---- end issue 6 ----
 
