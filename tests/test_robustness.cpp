@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "reference/reference.hpp"
+#include "registry.hpp"
 #include "test_util.hpp"
 #include "w4a8moe/w4a8moe.hpp"
 
@@ -466,7 +467,7 @@ size_t documented_scratch(const CaseSpec& s, int64_t chunk, int threads) {
   const int64_t gi = s.group_size < 0 ? 1 : s.inter / s.group_size;
   const int64_t pairs = chunk * s.top_k;
   const int64_t rows = s.apply_router_weight_on_input ? pairs : chunk;
-  const int64_t tile = 8;  // the largest tile of any kernel set
+  const int64_t tile = w4a8moe::detail::active_set().tile_m;  // the tile rows of the set in use
   size_t total = 0;
   total += static_cast<size_t>(rows) * a64(hp + 4 * gh) + a64(32 * rows);
   total += a64(4 * pairs) + a64(4 * (s.experts + 1)) + a64(4 * s.experts);

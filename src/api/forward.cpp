@@ -36,6 +36,17 @@ constexpr int64_t kSliceH = 64;                     // rows of down per phase-3 
 constexpr int64_t kQuantBatch = 8;                  // rows per claim in the quantization phases
 constexpr size_t kChunkScratch = size_t{64} << 20;  // target scratch bytes per chunk
 
+// The rows [begin, end) of one expert in ceil(n / tile) tiles whose sizes differ by at most one:
+// 20 rows with tile 16 make 10 + 10, not 16 + 4, so that no tile runs a narrow kernel that
+// shares each unpacked weight register among few rows. Tile i starts at begin + start(i).
+struct RowTiles {
+  int64_t count, base, extra;
+  RowTiles(int64_t n, int64_t tile)
+      : count((n + tile - 1) / tile), base(count ? n / count : 0), extra(count ? n % count : 0) {}
+  int64_t size(int64_t i) const { return base + (i < extra ? 1 : 0); }
+  int64_t start(int64_t i) const { return i * base + std::min(i, extra); }
+};
+
 size_t align64(size_t v) { return (v + 63) / 64 * 64; }
 
 struct AlignedFree {
@@ -312,8 +323,9 @@ class Worker {
         rows_ranges(*p_.w13, expert_of(following), j0, j1, pf_gate);
         rows_ranges(*p_.w13, expert_of(following), up + j0, up + j1, pf_up);
       }
-      for (int32_t j = s_.begin[e]; j < s_.begin[e + 1]; j += static_cast<int32_t>(tile)) {
-        const int64_t m = std::min<int64_t>(tile, s_.begin[e + 1] - j);
+      const RowTiles tiles(s_.begin[e + 1] - s_.begin[e], tile);
+      for (int64_t ti = 0; ti < tiles.count; ++ti) {
+        const int64_t j = s_.begin[e] + tiles.start(ti), m = tiles.size(ti);
         for (int64_t r = 0; r < m; ++r) {
           const int32_t pair = s_.order[j + r];
           a[r] = s_.qx_rows[on_input ? pair : pair / K];
@@ -382,8 +394,9 @@ class Worker {
           rows_ranges(*p_.w2,
                       p_.w2_base + static_cast<size_t>(s_.active[ai + 1]) * p_.w2->expert_bytes, h0,
                       h1, pf);
-        for (int32_t j = s_.begin[e]; j < s_.begin[e + 1]; j += static_cast<int32_t>(tile)) {
-          const int64_t m = std::min<int64_t>(tile, s_.begin[e + 1] - j);
+        const RowTiles tiles(s_.begin[e + 1] - s_.begin[e], tile);
+        for (int64_t ti = 0; ti < tiles.count; ++ti) {
+          const int64_t j = s_.begin[e] + tiles.start(ti), m = tiles.size(ti);
           for (int64_t r = 0; r < m; ++r) a[r] = s_.qm_rows[s_.order[j + r]];
           GemmArgs g;
           g.m = m;

@@ -23,6 +23,8 @@ struct QuantRow {
   int32_t zp = 0;
   // Sets reading offset nibbles (w + 8): -8 * SUM_{k in b} q[k] per scale group b, so that a
   // group's dot product of (w + 8) and q, started from this value, is SUM w * q. Else null.
+  // Every quantizer writes them right after the row's cols_padded bytes (group_terms ==
+  // data + cols_padded): kernels may address them from `data` (debug-checked).
   const int32_t* group_terms = nullptr;
 };
 
@@ -35,7 +37,7 @@ struct QuantizeArgs {
   QuantRow* row = nullptr;  // receives recip, zp, data (= dst) and group_terms
 };
 
-inline constexpr int64_t kMaxTileM = 8;  // upper bound of every kernel set's tile_m
+inline constexpr int64_t kMaxTileM = 16;  // upper bound of every kernel set's tile_m
 
 // A byte range to bring towards the L2 cache while a kernel computes (the weights of the next
 // task of the calling thread, so that its first tile does not wait for DRAM).

@@ -26,7 +26,10 @@ inline float bits_to_float(int32_t i) {
 inline float vexp(float x) {
   x = x > 88.3762626647949f ? 88.3762626647949f : x;
   x = x < -87.3365447504f ? -87.3365447504f : x;
-  float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+  // n = nearest integer to x / ln 2, by the 1.5 * 2^23 trick (|x / ln 2| < 2^22 after the clamps):
+  // floorf would keep GCC from vectorising the loop unless -fno-trapping-math.
+  constexpr float kRound = 12582912.0f;
+  float n = (x * 1.44269504088896341f + kRound) - kRound;
   n = n != n ? 0.0f : n;  // NaN: keep the integer conversion defined; r carries the NaN
   float r = x - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;

@@ -12,6 +12,18 @@ struct Prefetcher {
   explicit Prefetcher(const GemmArgs& a)
       : p{a.prefetch[0].begin, a.prefetch[1].begin},
         left{a.prefetch[0].lines, a.prefetch[1].lines} {}
+  // n steps at once (a kernel calls this once per scale group instead of once per chunk).
+  inline void step(int64_t n) {
+    for (int i = 0; i < 2 && n > 0; ++i) {
+      const int64_t take = left[i] < n ? left[i] : n;
+      for (int64_t j = 0; j < take; ++j) __builtin_prefetch(p[i] + 64 * j, 0, 2);
+      if (take > 0) {
+        p[i] += 64 * take;
+        left[i] -= take;
+        n -= take;
+      }
+    }
+  }
   inline void step() {
     const int i = left[0] > 0 ? 0 : 1;
     if (left[i] > 0) {

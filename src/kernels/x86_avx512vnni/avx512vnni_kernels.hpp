@@ -6,7 +6,7 @@
 
 namespace w4a8moe::detail::avx512vnni {
 
-inline constexpr int64_t kTileM = 8;
+inline constexpr int64_t kTileM = 16;
 
 void quantize_qa8(const QuantizeArgs& args);
 void gemm_qa8_qu4p16(const GemmArgs& args);

@@ -1,15 +1,21 @@
-// AVX-512 VNNI GEMM micro-kernel on layout qu4_p16k8: tiles of M activation rows (1..8) x NP
+// AVX-512 VNNI GEMM micro-kernel on layout qu4_p16k8: tiles of M activation rows (1..16) x NP
 // panels of 16 output rows. Per chunk of 8 columns and panel, one 64-byte load holds 16 rows x 8
 // offset nibbles; `and 0x0f` and `srl 4, and 0x0f` give the u8 weights of columns k0..k0+3 and
 // k0+4..k0+7, each multiplied by 4 broadcast s8 activations with `vpdpbusd`. Every unpacked
 // register serves M rows. Per scale group: int32 sums start at the row's group term
 // (-8 * SUM q), are converted once and multiplied into f32 accumulators by the 16 row scales.
+//
+// Port budget on Intel cores (measured: every 512-bit op here issues on ports 0 and 5, two per
+// cycle; `vpsrlw` and `vcvtdq2ps` on port 0 only): per group of 32 columns and M rows, 8M
+// `vpdpbusd` + 12 unpack ops + 2M for cvt and FMA + 2 for bf16 scales. M = 16 bounds the
+// `vpdpbusd` share at 128 / 174 = 74% of peak (M = 8: 68%); the tile runs near that bound.
 #if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VNNI__)
 #error "this file must be compiled with -mavx512f -mavx512bw -mavx512vnni"
 #endif
 
 #include <immintrin.h>
 
+#include <cassert>
 #include <cstring>
 
 #include "kernels/common/prefetch.hpp"
@@ -43,25 +49,22 @@ inline int32_t load_i32(const void* p) {
   return v;
 }
 
-// acc += u8 weights (w) x 4 s8 activations at p broadcast to every lane. Inline assembly so
-// that the broadcast is the {1to16} memory operand of `vpdpbusd` and the accumulator stays in
-// its register (GCC 12 otherwise emits a separate broadcast and copies accumulators around).
+// acc += u8 weights (w) x 4 s8 activations at p broadcast to every lane (the broadcast is a
+// load-port uop on x86, so it costs none of the vector ALU ports `vpdpbusd` runs on).
 inline __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t* p) {
-  __asm__("vpdpbusd %2%{1to16%}, %1, %0"
-          : "+v"(acc)
-          : "v"(w), "m"(*reinterpret_cast<const int32_t*>(p)));
-  return acc;
+  return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(load_i32(p)));
 }
 
-// Output rows [n0, n0 + 16 * NP) of the padded row space.
-template <int M, int NP>
+// Output rows [n0, n0 + 16 * NP) of the padded row space. kChunks: chunks of 8 columns per scale
+// group when known at compile time (4: group 32), else 0 (read from the geometry).
+template <int M, int NP, int kChunks>
 void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
   const Geometry& g = *args.geometry;
   const int64_t panel_bytes = kPanel * g.row_weight_bytes;
   const int64_t first_panel = n0 / kPanel;
   const uint8_t* w = args.expert + g.weights_offset + first_panel * panel_bytes;
   const uint8_t* scales = args.expert + g.scales_offset;
-  const int64_t chunks_per_group = g.group_len / 8;
+  const int64_t chunks_per_group = kChunks > 0 ? kChunks : g.group_len / 8;
   const bool channelwise = g.group_size < 0;
   const __m512i low4 = _mm512_set1_epi8(0x0f);
 
@@ -69,27 +72,39 @@ void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
   for (int m = 0; m < M; ++m) q[m] = static_cast<const int8_t*>(args.a[m].data);
 
   // Small tiles keep separate accumulators for the low and high nibble columns, so that
-  // enough independent `vpdpbusd` chains are in flight (latency 4-5, two per cycle); large
+  // enough independent `vpdpbusd` chains are in flight (latency 5, two per cycle); larger
   // tiles have enough chains already and save the extra add per group.
   constexpr bool kSplit = M * NP < 6;
-  __m512 facc[M][NP];
-  __m512i iacc[M][NP] = {};
+  // Below 8 rows the f32 sums stay in registers; from 8, they live in an L1-resident array
+  // (the FMA takes its addend from memory, so no vector ALU op is added) and the registers go
+  // to the int32 sums of more rows, each unpacked weight register serving more of them. (GCC
+  // spills such sums anyway at 8 rows, worse than this explicit array.)
+  constexpr bool kSumsInMemory = M * NP >= 8;
+  __m512 facc[kSumsInMemory ? 1 : M][NP];
+  alignas(64) float fmem[kSumsInMemory ? M : 1][NP][kPanel];
+  __m512i iacc[M][NP];
   for (int m = 0; m < M; ++m)
-    for (int p = 0; p < NP; ++p) facc[m][p] = _mm512_setzero_ps();
+    for (int p = 0; p < NP; ++p) {
+      if constexpr (kSumsInMemory)
+        _mm512_store_ps(fmem[m][p], _mm512_setzero_ps());
+      else
+        facc[m][p] = _mm512_setzero_ps();
+    }
 
   for (int64_t b = 0; b < g.groups; ++b) {
     __m512i lo_acc[M][NP], hi_acc[M][NP];
     for (int m = 0; m < M; ++m) {
-      const __m512i start = _mm512_set1_epi32(args.a[m].group_terms[b]);
+      // the row's group terms follow its cols_padded bytes (see run()): addressed from q[m],
+      // so that no register holds a second pointer per row
+      const __m512i start = _mm512_set1_epi32(load_i32(q[m] + g.cols_padded + 4 * b));
       for (int p = 0; p < NP; ++p) {
         lo_acc[m][p] = start;
-        hi_acc[m][p] = _mm512_setzero_si512();
+        if constexpr (kSplit) hi_acc[m][p] = _mm512_setzero_si512();
       }
     }
     const uint8_t* wc = w + b * chunks_per_group * 64;
     const int64_t k_begin = b * g.group_len;
-#pragma GCC unroll 4
-    for (int64_t c = 0; c < chunks_per_group; ++c) {
+    auto chunk = [&](int64_t c) __attribute__((always_inline)) {
       __m512i lo[NP], hi[NP];
       for (int p = 0; p < NP; ++p) {
         const __m512i raw = _mm512_loadu_si512(wc + c * 64 + p * panel_bytes);
@@ -97,7 +112,6 @@ void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
         hi[p] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
       }
       const int64_t k = k_begin + c * 8;
-      pf.step();
       for (int m = 0; m < M; ++m) {
         for (int p = 0; p < NP; ++p) {
           lo_acc[m][p] = dpbusd_bcast(lo_acc[m][p], lo[p], q[m] + k);
@@ -107,7 +121,14 @@ void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
             lo_acc[m][p] = dpbusd_bcast(lo_acc[m][p], hi[p], q[m] + k + 4);
         }
       }
+    };
+    if constexpr (kChunks > 0) {
+#pragma GCC unroll 16
+      for (int c = 0; c < kChunks; ++c) chunk(c);
+    } else {
+      for (int64_t c = 0; c < chunks_per_group; ++c) chunk(c);
     }
+    pf.step(chunks_per_group);
     for (int m = 0; m < M; ++m)
       for (int p = 0; p < NP; ++p)
         iacc[m][p] = kSplit ? _mm512_add_epi32(lo_acc[m][p], hi_acc[m][p]) : lo_acc[m][p];
@@ -115,8 +136,13 @@ void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
       for (int p = 0; p < NP; ++p) {
         const __m512 s =
             load_scales(scales, g.scale_dtype, ((first_panel + p) * g.groups + b) * kPanel);
-        for (int m = 0; m < M; ++m)
-          facc[m][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[m][p]), s, facc[m][p]);
+        for (int m = 0; m < M; ++m) {
+          if constexpr (kSumsInMemory)
+            _mm512_store_ps(fmem[m][p], _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[m][p]), s,
+                                                        _mm512_load_ps(fmem[m][p])));
+          else
+            facc[m][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[m][p]), s, facc[m][p]);
+        }
       }
     }
   }
@@ -142,8 +168,10 @@ void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
     } else {
       const __m512 zsum = _mm512_loadu_ps(reinterpret_cast<const float*>(corr) + p * kPanel);
       for (int m = 0; m < M; ++m) {
+        const __m512 sum = kSumsInMemory ? _mm512_load_ps(fmem[kSumsInMemory ? m : 0][p])
+                                         : facc[kSumsInMemory ? 0 : m][p];
         const __m512 v =
-            _mm512_fnmadd_ps(_mm512_set1_ps(static_cast<float>(args.a[m].zp)), zsum, facc[m][p]);
+            _mm512_fnmadd_ps(_mm512_set1_ps(static_cast<float>(args.a[m].zp)), zsum, sum);
         _mm512_storeu_ps(args.c + m * args.c_stride + (n0 - args.n_begin) + p * kPanel,
                          _mm512_fmadd_ps(_mm512_set1_ps(args.a[m].recip), v, bias));
       }
@@ -151,12 +179,25 @@ void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
   }
 }
 
-template <int M, int NP>
-void run(const GemmArgs& args) {
+template <int M, int NP, int kChunks>
+void run_chunks(const GemmArgs& args) {
+  for (int m = 0; m < M; ++m)
+    assert(reinterpret_cast<const uint8_t*>(args.a[m].group_terms) ==
+           static_cast<const uint8_t*>(args.a[m].data) + args.geometry->cols_padded);
   Prefetcher pf(args);
   int64_t n = args.n_begin;
-  for (; n + NP * kPanel <= args.n_end; n += NP * kPanel) tile<M, NP>(args, n, pf);
-  for (; n < args.n_end; n += kPanel) tile<M, 1>(args, n, pf);
+  for (; n + NP * kPanel <= args.n_end; n += NP * kPanel) tile<M, NP, kChunks>(args, n, pf);
+  for (; n < args.n_end; n += kPanel) tile<M, 1, kChunks>(args, n, pf);
+}
+
+template <int M, int NP>
+void run(const GemmArgs& args) {
+  // Group 32 (the common case, and the one where the per-group work weighs most) gets a fully
+  // unrolled group body; other group sizes and channelwise scales loop over their chunks.
+  if (args.geometry->group_size == 32)
+    run_chunks<M, NP, 4>(args);
+  else
+    run_chunks<M, NP, 0>(args);
 }
 
 }  // namespace
@@ -177,8 +218,24 @@ void gemm_qa8_qu4p16(const GemmArgs& args) {
       return run<6, 1>(args);
     case 7:
       return run<7, 1>(args);
-    default:
+    case 8:
       return run<8, 1>(args);
+    case 9:
+      return run<9, 1>(args);
+    case 10:
+      return run<10, 1>(args);
+    case 11:
+      return run<11, 1>(args);
+    case 12:
+      return run<12, 1>(args);
+    case 13:
+      return run<13, 1>(args);
+    case 14:
+      return run<14, 1>(args);
+    case 15:
+      return run<15, 1>(args);
+    default:
+      return run<16, 1>(args);
   }
 }
 
