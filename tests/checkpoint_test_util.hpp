@@ -106,46 +106,23 @@ struct LayerRun {
   moe_ref::Problem problem;
 };
 
-// Loads layer `layer` of `path`, routes T random tokens and runs forward(); checks the routing
-// against the independent reference and the output against the exact and float references.
-inline LayerRun check_layer(const std::string& path, int layer, const RouteSpec& route_spec,
-                            int64_t T = 13, uint64_t seed = 1) {
-  using namespace w4a8moe;
-  LayerRun run;
-  const std::unique_ptr<io::LayerSource> source = io::open_layer(path, layer, {});
-  const io::LayerInfo& info = source->info();
-  const int64_t H = info.hidden, I = info.inter, E = info.experts, K = info.top_k;
-  const io::Router router = source->router();
-  const io::PackedLayer packed = io::pack_layer(*source, 2);
-
+inline std::vector<float> random_x(int64_t T, int64_t H, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  run.x.resize(static_cast<size_t>(T * H));
-  for (float& v : run.x) v = normal(rng);
-  run.logits.resize(static_cast<size_t>(T * E));
-  router_logits(
-      TensorView::of(run.x.data(), DType::f32, {T, H}),
-      TensorView::of(router.weight.data(), DType::f32, {E, H}),
-      router.bias.empty() ? TensorView{} : TensorView::of(router.bias.data(), DType::f32, {E}),
-      MutableTensorView::of(run.logits.data(), DType::f32, {T, E}));
-  run.ids.resize(static_cast<size_t>(T * K));
-  run.weights.resize(static_cast<size_t>(T * K));
-  route(TensorView::of(run.logits.data(), DType::f32, {T, E}),
-        router.selection_bias.empty()
-            ? TensorView{}
-            : TensorView::of(router.selection_bias.data(), DType::f32, {E}),
-        info.routing, MutableTensorView::of(run.ids.data(), DType::i32, {T, K}),
-        MutableTensorView::of(run.weights.data(), DType::f32, {T, K}));
-  std::vector<int64_t> want_ids;
-  std::vector<double> want_w;
-  route_reference(run.logits, T, E, K, router.selection_bias, route_spec, want_ids, want_w);
-  for (int64_t i = 0; i < T * K; ++i) {
-    EXPECT_EQ(run.ids[static_cast<size_t>(i)], want_ids[static_cast<size_t>(i)]) << "slot " << i;
-    EXPECT_NEAR(run.weights[static_cast<size_t>(i)], want_w[static_cast<size_t>(i)],
-                2e-6 * (1.0 + std::fabs(want_w[static_cast<size_t>(i)])))
-        << "slot " << i;
-  }
+  std::vector<float> x(static_cast<size_t>(T * H));
+  for (float& v : x) v = normal(rng);
+  return x;
+}
 
+// Runs forward() on the source's packed experts for run.x, run.ids and run.weights, and checks
+// run.out against the independent exact and float references over the weights as loaded, and the
+// library's streaming float reference (what `layer --compare` prints) against the independent one.
+inline void check_forward(const w4a8moe::io::LayerSource& source,
+                          const w4a8moe::io::PackedLayer& packed, LayerRun& run) {
+  using namespace w4a8moe;
+  const io::LayerInfo& info = source.info();
+  const int64_t H = info.hidden, I = info.inter, E = info.experts, K = info.top_k;
+  const int64_t T = static_cast<int64_t>(run.x.size()) / H;
   Context context(2);
   run.out.assign(static_cast<size_t>(T * H), 0.0f);
   forward(context, TensorView::of(run.x.data(), DType::f32, {T, H}),
@@ -154,8 +131,7 @@ inline LayerRun check_layer(const std::string& path, int layer, const RouteSpec&
           packed.w2.bytes(), info.params,
           MutableTensorView::of(run.out.data(), DType::f32, {T, H}));
 
-  // The independent references over the weights as loaded.
-  const Loaded w = load_all(*source);
+  const Loaded w = load_all(source);
   moe_ref::Problem& p = run.problem;
   p.tokens = T;
   p.hidden = H;
@@ -189,10 +165,8 @@ inline LayerRun check_layer(const std::string& path, int layer, const RouteSpec&
                     << "] = " << run.out[i] << ", exact reference " << exact.out[i];
   }
   EXPECT_EQ(bad, 0u);
-  // The float reference: the library's streaming one (what `layer --compare` prints) equals the
-  // independent one, and the int8 activations cost little.
   const std::vector<double> fref = moe_ref::float_forward(p);
-  const std::vector<double> lib = io::float_reference(*source, run.x, run.ids, run.weights, 2);
+  const std::vector<double> lib = io::float_reference(source, run.x, run.ids, run.weights, 2);
   double err_sq = 0, ref_sq = 0;
   for (size_t i = 0; i < fref.size(); ++i) {
     EXPECT_NEAR(lib[i], fref[i], 1e-9 * max_ref) << i;
@@ -202,6 +176,88 @@ inline LayerRun check_layer(const std::string& path, int layer, const RouteSpec&
   }
   // random int4 weights and N(0, 1) inputs give about 1.2e-2 (the intermediate's heavy tails)
   EXPECT_LT(std::sqrt(err_sq / ref_sq), 3e-2) << "relative RMS error against the float reference";
+}
+
+// Loads layer `layer` of `path`, routes T random tokens and runs forward(); checks the routing
+// against the independent reference and the output against the exact and float references.
+inline LayerRun check_layer(const std::string& path, int layer, const RouteSpec& route_spec,
+                            int64_t T = 13, uint64_t seed = 1) {
+  using namespace w4a8moe;
+  LayerRun run;
+  const std::unique_ptr<io::LayerSource> source = io::open_layer(path, layer, {});
+  const io::LayerInfo& info = source->info();
+  const int64_t H = info.hidden, E = info.experts, K = info.top_k;
+  const io::Router router = source->router();
+  const io::PackedLayer packed = io::pack_layer(*source, 2);
+
+  run.x = random_x(T, H, seed);
+  run.logits.resize(static_cast<size_t>(T * E));
+  router_logits(
+      TensorView::of(run.x.data(), DType::f32, {T, H}),
+      TensorView::of(router.weight.data(), DType::f32, {E, H}),
+      router.bias.empty() ? TensorView{} : TensorView::of(router.bias.data(), DType::f32, {E}),
+      MutableTensorView::of(run.logits.data(), DType::f32, {T, E}));
+  run.ids.resize(static_cast<size_t>(T * K));
+  run.weights.resize(static_cast<size_t>(T * K));
+  route(TensorView::of(run.logits.data(), DType::f32, {T, E}),
+        router.selection_bias.empty()
+            ? TensorView{}
+            : TensorView::of(router.selection_bias.data(), DType::f32, {E}),
+        info.routing, MutableTensorView::of(run.ids.data(), DType::i32, {T, K}),
+        MutableTensorView::of(run.weights.data(), DType::f32, {T, K}));
+  std::vector<int64_t> want_ids;
+  std::vector<double> want_w;
+  route_reference(run.logits, T, E, K, router.selection_bias, route_spec, want_ids, want_w);
+  for (int64_t i = 0; i < T * K; ++i) {
+    EXPECT_EQ(run.ids[static_cast<size_t>(i)], want_ids[static_cast<size_t>(i)]) << "slot " << i;
+    EXPECT_NEAR(run.weights[static_cast<size_t>(i)], want_w[static_cast<size_t>(i)],
+                2e-6 * (1.0 + std::fabs(want_w[static_cast<size_t>(i)])))
+        << "slot " << i;
+  }
+  // route_tokens (what `layer` uses) routes the same
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+  io::route_tokens(*source, router, TensorView::of(run.x.data(), DType::f32, {T, H}), ids, weights);
+  EXPECT_EQ(ids, run.ids);
+  EXPECT_EQ(weights, run.weights);
+  check_forward(*source, packed, run);
+  return run;
+}
+
+// Opens the shared expert of layer `layer`: one expert, every token, with weight
+// sigmoid(x . gate) (gated: checked against `gate` in double) or 1; runs it and checks it like
+// check_layer. `gate` empty: no gate expected.
+inline LayerRun check_shared(const std::string& path, int layer, const std::vector<float>& gate,
+                             int64_t T = 11, uint64_t seed = 2) {
+  using namespace w4a8moe;
+  LayerRun run;
+  io::LoadOptions options;
+  options.shared_expert = true;
+  const std::unique_ptr<io::LayerSource> source = io::open_layer(path, layer, options);
+  const io::LayerInfo& info = source->info();
+  EXPECT_EQ(info.experts, 1);
+  EXPECT_EQ(info.top_k, 1);
+  EXPECT_EQ(info.shared_gate, !gate.empty());
+  EXPECT_FALSE(info.params.apply_router_weight_on_input);
+  const int64_t H = info.hidden;
+  const io::Router router = source->router();
+  EXPECT_EQ(router.weight, gate);
+  run.x = random_x(T, H, seed);
+  io::route_tokens(*source, router, TensorView::of(run.x.data(), DType::f32, {T, H}), run.ids,
+                   run.weights);
+  for (int64_t t = 0; t < T; ++t) {
+    EXPECT_EQ(run.ids[static_cast<size_t>(t)], 0);
+    double want = 1.0;
+    if (!gate.empty()) {
+      double dot = 0;
+      for (int64_t h = 0; h < H; ++h)
+        dot += static_cast<double>(run.x[static_cast<size_t>(t * H + h)]) *
+               static_cast<double>(gate[static_cast<size_t>(h)]);
+      want = 1.0 / (1.0 + std::exp(-dot));
+    }
+    EXPECT_NEAR(run.weights[static_cast<size_t>(t)], want, 1e-6) << "token " << t;
+  }
+  check_forward(*source, io::pack_layer(*source, 2), run);
   return run;
 }
 

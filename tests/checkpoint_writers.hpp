@@ -204,12 +204,21 @@ struct GgufSpec {
   uint32_t types[3] = {kTQ4_0, kTQ4_0, kTQ4_0};  // gate, up, down
   bool expert_bias = false, router_bias = false, selection_bias = false;
   int64_t expert_count_meta = 0;  // <arch>.expert_count; 0: E
+  // A shared expert of intermediate size Is (0: 2 I): ffn_{gate,up,down}_shexp, and with
+  // shared_gate Qwen2-MoE's ffn_gate_inp_shexp [H].
+  bool shared_expert = false, shared_gate = false;
+  int64_t Is = 0;
+  uint32_t shared_types[3] = {kTQ4_0, kTQ4_0, kTQ4_0};
 };
 
 struct GgufModel {
   GgufWriter writer;
   std::vector<Moe> layers;
   std::vector<std::vector<float>> floats[3];  // per layer: the file's values of non-Q4_0 tensors
+  // Shared experts: per layer, the truth as a one-expert Moe (router: the gate [1, H]) and the
+  // file's values of non-Q4_0 tensors.
+  std::vector<Moe> shared;
+  std::vector<std::vector<float>> shared_floats[3];
 };
 
 // A GGUF file of `layers` MoE layers (tensors of the spec's types; Q4_0 from the Moe truths,
@@ -217,24 +226,41 @@ struct GgufModel {
 GgufModel make_gguf(const GgufSpec& spec);
 
 struct CtSpec {
-  std::string model_type = "qwen3_moe";
-  std::string scheme = "packed";   // packed, int, bf16
-  std::string strategy = "group";  // group or channel
+  std::string model_type = "qwen3_moe";  // also gpt_oss, llama4 (config.json with text_config)
+  std::string scheme = "packed";         // packed, int, bf16 (f16, f32: dense in that dtype)
+  std::string strategy = "group";        // group or channel
   int shards = 1;
   int64_t H = 64, I = 64, E = 8, K = 2;
   int layers = 2;
   bool mixtral_names = false;
+  // The experts fused in experts.gate_up_proj [E, H, 2I] and experts.down_proj [E, I, H]: "bf16",
+  // or "mxfp4" (gpt-oss's _blocks / _scales). gpt_oss interleaves gate and up, llama4 concatenates.
+  std::string fused;
+  bool expert_bias = false, router_bias = false;  // gpt-oss: experts' and router's biases
+  // A shared expert module in the block: "shared_experts" (DeepSeek), "shared_expert" (Qwen2-MoE,
+  // Llama-4), stored like one expert of `scheme` (bf16 when the experts are fused), of intermediate
+  // size Is (0: 2 I); shared_gate: Qwen2-MoE's shared_expert_gate [1, H].
+  std::string shared;
+  bool shared_gate = false;
+  int64_t Is = 0;
 };
 
 struct CtModel {
   CtWriter writer;
-  std::vector<Moe> layers;                // channel strategy: w13_s / w2_s hold one scale per row
-  std::vector<std::vector<float>> dense;  // bf16 scheme: per layer and projection, [E, N, K]
+  std::vector<Moe> layers;  // channel strategy: w13_s / w2_s hold one scale per row
+  // Dense and fused schemes: the file's values per layer, expert and projection (gate, up, down),
+  // as [N, K] matrices (rows = outputs), whatever the file's layout.
+  std::vector<std::vector<float>> dense;
+  std::vector<Moe> shared;                       // per layer: the shared expert's truth (E = 1)
+  std::vector<std::vector<float>> shared_dense;  // dense shared experts: per layer and projection
 };
 
 // A checkpoint folder's config.json and tensors (pack-quantized / int-quantized int4 from the Moe
-// truths with bf16 scales, or dense bf16 weights), with a bf16 router.
+// truths with bf16 scales, dense weights, or fused bf16 / MXFP4 experts), with a bf16 router.
 CtModel make_ct(const CtSpec& spec);
+
+// The value of an FP4 (e2m1) code: sign bit 8, magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+double e2m1_value(int code);
 
 std::vector<uint16_t> bf16_of(const std::vector<float>& v);
 

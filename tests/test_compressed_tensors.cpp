@@ -78,6 +78,25 @@ TEST(CompressedTensors, IntQuantizedChannelwiseReadsBackExactly) {
   check_layer(dir / "ckpt", 0, RouteSpec{"softmax", true});
 }
 
+// The loaded experts are what quantize_weights (group 32, rule q4_0) makes of the file's values
+// (`dense`: per expert and projection, [N, K] with rows = outputs).
+void expect_quantized_from(const Loaded& w, const std::vector<std::vector<float>>& dense, int64_t E,
+                           int64_t H, int64_t I) {
+  for (int64_t e = 0; e < E; ++e)
+    for (int which = 0; which < 3; ++which) {
+      SCOPED_TRACE(::testing::Message() << "expert " << e << " projection " << which);
+      const std::vector<float>& file = dense[static_cast<size_t>(e * 3 + which)];
+      const int64_t rows = which == 2 ? H : I, cols = which == 2 ? I : H;
+      const QuantizedWeights q = quantize_weights(
+          TensorView::of(file.data(), DType::f32, {1, rows, cols}), 32, QuantRule::q4_0);
+      const int64_t first = which == 2 ? e * H : e * 2 * I + (which == 1 ? I : 0);
+      const std::vector<int8_t>& v = which == 2 ? w.w2 : w.w13;
+      const std::vector<float>& s = which == 2 ? w.w2_s : w.w13_s;
+      EXPECT_TRUE(std::equal(q.values.begin(), q.values.end(), v.begin() + first * cols));
+      EXPECT_TRUE(std::equal(q.scales.begin(), q.scales.end(), s.begin() + first * (cols / 32)));
+    }
+}
+
 TEST(CompressedTensors, DenseBf16IsQuantizedOnLoad) {
   TempDir dir;
   CtSpec spec;
@@ -87,20 +106,7 @@ TEST(CompressedTensors, DenseBf16IsQuantizedOnLoad) {
   CtModel c = make_ct(spec);
   c.writer.write(dir / "ckpt");
   const auto source = io::open_layer(dir / "ckpt", 0, {});
-  const Loaded w = load_all(*source);
-  // what quantize_weights makes of the file's values, expert by expert
-  for (int64_t e = 0; e < spec.E; ++e)
-    for (int which = 0; which < 3; ++which) {
-      const std::vector<float>& file = c.dense[static_cast<size_t>(e * 3 + which)];
-      const int64_t rows = which == 2 ? spec.H : spec.I, cols = which == 2 ? spec.I : spec.H;
-      const QuantizedWeights q = quantize_weights(
-          TensorView::of(file.data(), DType::f32, {1, rows, cols}), 32, QuantRule::q4_0);
-      const int64_t first = which == 2 ? e * spec.H : e * 2 * spec.I + (which == 1 ? spec.I : 0);
-      const std::vector<int8_t>& v = which == 2 ? w.w2 : w.w13;
-      const std::vector<float>& s = which == 2 ? w.w2_s : w.w13_s;
-      EXPECT_TRUE(std::equal(q.values.begin(), q.values.end(), v.begin() + first * cols));
-      EXPECT_TRUE(std::equal(q.scales.begin(), q.scales.end(), s.begin() + first * (cols / 32)));
-    }
+  expect_quantized_from(load_all(*source), c.dense, spec.E, spec.H, spec.I);
   for (const io::Conversion& conv : source->conversions()) {
     EXPECT_FALSE(conv.exact);
     EXPECT_EQ(conv.source, "BF16");
@@ -111,6 +117,161 @@ TEST(CompressedTensors, DenseBf16IsQuantizedOnLoad) {
   exact.require_exact = true;
   EXPECT_THAT(error_of([&] { io::open_layer(dir / "ckpt", 0, exact); }),
               HasSubstr("gate_proj.weight' is BF16, which does not map exactly onto int4"));
+}
+
+TEST(CompressedTensors, DenseF16AndF32AreQuantizedOnLoad) {
+  for (const char* scheme : {"f16", "f32"}) {
+    SCOPED_TRACE(scheme);
+    TempDir dir;
+    CtSpec spec;
+    spec.scheme = scheme;
+    spec.layers = 1;
+    spec.E = 3;
+    CtModel c = make_ct(spec);
+    c.writer.write(dir / "ckpt");
+    const auto source = io::open_layer(dir / "ckpt", 0, {});
+    EXPECT_EQ(source->conversions()[0].source, std::string(scheme) == "f16" ? "F16" : "F32");
+    expect_quantized_from(load_all(*source), c.dense, spec.E, spec.H, spec.I);
+    check_layer(dir / "ckpt", 0, RouteSpec{"softmax", true});
+  }
+}
+
+TEST(CompressedTensors, EveryFormatAndStrategyReadsBackExactly) {
+  for (const char* scheme : {"packed", "int"})
+    for (const char* strategy : {"group", "channel"}) {
+      SCOPED_TRACE(::testing::Message() << scheme << " " << strategy);
+      TempDir dir;
+      CtSpec spec;
+      spec.scheme = scheme;
+      spec.strategy = strategy;
+      spec.layers = 1;
+      spec.H = 128;
+      spec.I = 96;
+      CtModel c = make_ct(spec);
+      c.writer.write(dir / "ckpt");
+      const auto source = io::open_layer(dir / "ckpt", 0, {});
+      EXPECT_EQ(source->info().group_size, std::string(strategy) == "group" ? 32 : -1);
+      const Loaded w = load_all(*source);
+      EXPECT_EQ(w.w13, c.layers[0].w13);
+      EXPECT_EQ(w.w2, c.layers[0].w2);
+      EXPECT_EQ(bits16(w.w13_scale_bytes), bf16_of(c.layers[0].w13_s));
+      EXPECT_EQ(bits16(w.w2_scale_bytes), bf16_of(c.layers[0].w2_s));
+      check_layer(dir / "ckpt", 0, RouteSpec{"softmax", true});
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Experts fused in gate_up_proj / down_proj (gpt-oss, Llama-4)
+
+TEST(CompressedTensors, GptOssFusedBf16Experts) {
+  // gate_up_proj [E, H, 2I] with gate and up interleaved, biases, a router bias, clamped SwiGLU
+  TempDir dir;
+  CtSpec spec;
+  spec.model_type = "gpt_oss";
+  spec.fused = "bf16";
+  spec.expert_bias = spec.router_bias = true;
+  spec.layers = 1;
+  spec.H = 64;
+  spec.I = 96;
+  spec.E = 8;
+  spec.K = 2;
+  CtModel c = make_ct(spec);
+  c.writer.write(dir / "ckpt");
+  const auto source = io::open_layer(dir / "ckpt", 0, {});
+  const io::LayerInfo& info = source->info();
+  EXPECT_EQ(info.params.activation, Activation::swigluoai);
+  EXPECT_FLOAT_EQ(info.params.alpha, 1.702f);
+  EXPECT_FLOAT_EQ(info.params.limit, 7.0f);
+  EXPECT_EQ(info.routing.gating, Gating::softmax_topk);
+  EXPECT_TRUE(info.expert_bias);
+  const std::vector<io::Conversion> conv = source->conversions();
+  EXPECT_EQ(conv[0].tensor, "model.layers.0.mlp.experts.gate_up_proj (gate, interleaved)");
+  EXPECT_EQ(conv[1].tensor, "model.layers.0.mlp.experts.gate_up_proj (up, interleaved)");
+  EXPECT_EQ(conv[2].tensor, "model.layers.0.mlp.experts.down_proj");
+  for (const io::Conversion& k : conv) {
+    EXPECT_FALSE(k.exact);
+    EXPECT_EQ(k.source, "BF16");
+  }
+  const Loaded w = load_all(*source);
+  expect_quantized_from(w, c.dense, spec.E, spec.H, spec.I);
+  EXPECT_EQ(w.b13, c.layers[0].b13);
+  EXPECT_EQ(w.b2, c.layers[0].b2);
+  EXPECT_EQ(source->router().bias, c.layers[0].router_bias);
+  for (const io::Conversion& k : source->conversions()) EXPECT_GT(k.relative_rms(), 0.01);
+  check_layer(dir / "ckpt", 0, RouteSpec{"softmax_topk", false});
+}
+
+TEST(CompressedTensors, GptOssMxfp4Experts) {
+  // as gpt-oss ships: gate_up_proj_blocks / _scales, one row per output (interleaved)
+  TempDir dir;
+  CtSpec spec;
+  spec.model_type = "gpt_oss";
+  spec.fused = "mxfp4";
+  spec.expert_bias = spec.router_bias = true;
+  spec.layers = 1;
+  spec.H = 96;
+  spec.I = 64;
+  spec.E = 4;
+  spec.K = 2;
+  CtModel c = make_ct(spec);
+  c.writer.write(dir / "ckpt");
+  const auto source = io::open_layer(dir / "ckpt", 0, {});
+  EXPECT_EQ(source->conversions()[0].tensor,
+            "model.layers.0.mlp.experts.gate_up_proj_blocks (gate, interleaved)");
+  EXPECT_EQ(source->conversions()[2].source, "MXFP4");
+  const Loaded w = load_all(*source);
+  expect_quantized_from(w, c.dense, spec.E, spec.H, spec.I);
+  EXPECT_EQ(w.b13, c.layers[0].b13);
+  check_layer(dir / "ckpt", 0, RouteSpec{"softmax_topk", false});
+  io::LoadOptions exact;
+  exact.require_exact = true;
+  EXPECT_THAT(error_of([&] { io::open_layer(dir / "ckpt", 0, exact); }),
+              HasSubstr("tensor 'model.layers.0.mlp.experts.gate_up_proj_blocks' is MXFP4, which "
+                        "does not map exactly onto int4"));
+}
+
+TEST(CompressedTensors, Llama4FusedExpertsAndSharedExpert) {
+  // language_model.model.layers.N.feed_forward: gate_up_proj halves, top-1 sigmoid router
+  // weight applied on the input, and the shared expert (bf16, I) added as is
+  TempDir dir;
+  CtSpec spec;
+  spec.model_type = "llama4";
+  spec.fused = "bf16";
+  spec.shared = "shared_expert";
+  spec.layers = 2;
+  spec.H = 64;
+  spec.I = 96;
+  spec.Is = 96;
+  spec.E = 4;
+  spec.K = 1;
+  CtModel c = make_ct(spec);
+  c.writer.write(dir / "ckpt");
+  const auto source = io::open_layer(dir / "ckpt", 1, {});
+  const io::LayerInfo& info = source->info();
+  EXPECT_EQ(info.model, "llama4_text");
+  EXPECT_TRUE(info.params.apply_router_weight_on_input);
+  EXPECT_EQ(info.routing.gating, Gating::sigmoid);
+  EXPECT_TRUE(info.has_shared_expert);
+  EXPECT_EQ(source->conversions()[1].tensor,
+            "language_model.model.layers.1.feed_forward.experts.gate_up_proj (up, halves)");
+  std::vector<std::vector<float>> layer1(c.dense.begin() + spec.E * 3, c.dense.end());
+  expect_quantized_from(load_all(*source), layer1, spec.E, spec.H, spec.I);
+  check_layer(dir / "ckpt", 1, RouteSpec{"sigmoid", false});
+  check_shared(dir / "ckpt", 1, {});
+}
+
+TEST(CompressedTensors, Llama4PerExpertPackedAsLlmCompressorSavesIt) {
+  TempDir dir;
+  CtSpec spec;
+  spec.model_type = "llama4";
+  spec.layers = 1;
+  spec.E = 4;
+  spec.K = 1;
+  CtModel c = make_ct(spec);
+  c.writer.write(dir / "ckpt");
+  const auto source = io::open_layer(dir / "ckpt", 0, {});
+  EXPECT_EQ(load_all(*source).w13, c.layers[0].w13);
+  check_layer(dir / "ckpt", 0, RouteSpec{"sigmoid", false});
 }
 
 TEST(CompressedTensors, Qwen3MoeLayer) {
@@ -138,13 +299,68 @@ TEST(CompressedTensors, DeepSeekV3LayerFromShards) {
   c.writer.config["topk_group"] = 2;
   c.writer.config["routed_scaling_factor"] = 2.5;
   c.writer.config["norm_topk_prob"] = true;
-  c.writer.config["n_shared_experts"] = 1;
   c.writer.write(dir / "ckpt");
   const auto source = io::open_layer(dir / "ckpt", 1, {});
   EXPECT_EQ(source->info().routing.group_score, GroupScore::top2_sum);
-  ASSERT_EQ(source->info().notes.size(), 1u);
-  EXPECT_THAT(source->info().notes[0], HasSubstr("shared expert is not included"));
+  EXPECT_FALSE(source->info().has_shared_expert);
   check_layer(dir / "ckpt", 1, RouteSpec{"sigmoid", true, 2.5, 4, 2, true});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared experts
+
+TEST(CompressedTensors, DeepSeekV3SharedExpertsAddedAsIs) {
+  // mlp.shared_experts (pack-quantized like the experts, I = 2 x 64): weight 1 for every token
+  TempDir dir;
+  CtSpec spec;
+  spec.model_type = "deepseek_v3";
+  spec.shards = 2;
+  spec.E = 16;
+  spec.K = 4;
+  spec.shared = "shared_experts";
+  CtModel c = make_ct(spec);
+  c.writer.config["scoring_func"] = "sigmoid";
+  c.writer.config["topk_method"] = "noaux_tc";
+  c.writer.config["n_group"] = 4;
+  c.writer.config["topk_group"] = 2;
+  c.writer.config["routed_scaling_factor"] = 2.5;
+  c.writer.config["norm_topk_prob"] = true;
+  c.writer.write(dir / "ckpt");
+  EXPECT_TRUE(io::open_layer(dir / "ckpt", 1, {})->info().has_shared_expert);
+  io::LoadOptions options;
+  options.shared_expert = true;
+  const auto shared = io::open_layer(dir / "ckpt", 1, options);
+  EXPECT_EQ(shared->info().inter, 128);
+  EXPECT_EQ(shared->conversions()[0].tensor, "model.layers.1.mlp.shared_experts.gate_proj");
+  EXPECT_EQ(shared->conversions()[0].source, "pack-quantized int4 g32, BF16 scales");
+  const Loaded w = load_all(*shared);
+  EXPECT_EQ(w.w13, c.shared[1].w13);
+  EXPECT_EQ(w.w2, c.shared[1].w2);
+  EXPECT_EQ(bits16(w.w13_scale_bytes), bf16_of(c.shared[1].w13_s));
+  EXPECT_EQ(bits16(w.w2_scale_bytes), bf16_of(c.shared[1].w2_s));
+  check_shared(dir / "ckpt", 1, {});
+}
+
+TEST(CompressedTensors, Qwen2MoeSharedExpertWithItsGate) {
+  // mlp.shared_expert (int-quantized, channelwise) scaled by sigmoid(x . shared_expert_gate)
+  TempDir dir;
+  CtSpec spec;
+  spec.model_type = "qwen2_moe";
+  spec.scheme = "int";
+  spec.strategy = "channel";
+  spec.layers = 1;
+  spec.shared = "shared_expert";
+  spec.shared_gate = true;
+  spec.Is = 96;
+  CtModel c = make_ct(spec);
+  c.writer.write(dir / "ckpt");
+  check_layer(dir / "ckpt", 0, RouteSpec{"softmax", false});
+  io::LoadOptions options;
+  options.shared_expert = true;
+  const Loaded w = load_all(*io::open_layer(dir / "ckpt", 0, options));
+  EXPECT_EQ(w.w13, c.shared[0].w13);
+  EXPECT_EQ(bits16(w.w2_scale_bytes), bf16_of(c.shared[0].w2_s));
+  check_shared(dir / "ckpt", 0, c.shared[0].router);
 }
 
 TEST(CompressedTensors, MixtralNamingAndRouting) {
@@ -297,14 +513,125 @@ TEST_F(CtMalformed, TensorProblems) {
   EXPECT_THAT(
       error(base(), [&](CtModel& c) { c.writer.tensors.erase("model.layers.0.mlp.gate.weight"); }),
       HasSubstr("tensor 'model.layers.0.mlp.gate.weight' (the router) is missing"));
-  EXPECT_THAT(error(base(),
+}
+
+TEST_F(CtMalformed, FusedAndSharedExpertProblems) {
+  const auto fused = [](const std::string& type) {
+    CtSpec spec;
+    spec.model_type = "gpt_oss";
+    spec.fused = type;
+    spec.expert_bias = true;
+    spec.layers = 1;
+    spec.E = 4;
+    return make_ct(spec);
+  };
+  const std::string p = "model.layers.0.mlp.experts.";
+  EXPECT_EQ(error(fused("bf16")), "(no error)");
+  EXPECT_EQ(error(fused("mxfp4")), "(no error)");
+  EXPECT_THAT(error(fused("bf16"), [](CtModel& c) { c.writer.config["model_type"] = "qwen3_moe"; }),
+              HasSubstr("model_type 'qwen3_moe' stores its experts fused in '" + p +
+                        "gate_up_proj', and w4a8moe knows the order of gate and up in that "
+                        "tensor only for gpt_oss (interleaved) and llama4 (halves)"));
+  EXPECT_THAT(error(fused("bf16"), [](CtModel& c) { c.writer.config["intermediate_size"] = 32; }),
+              HasSubstr("tensor '" + p +
+                        "gate_up_proj' must be F32, BF16 or F16 [4, 64, 64] (config.json: H 64, I "
+                        "32, E 4), got BF16 [4, 64, 128]"));
+  EXPECT_THAT(error(fused("bf16"),
                     [&](CtModel& c) {
-                      std::map<std::string, StTensor> fused;
-                      fused["model.layers.0.mlp.experts.gate_up_proj"] =
-                          c.writer.tensors.begin()->second;
-                      c.writer.tensors = fused;
+                      c.writer.add(p + "down_proj", DType::i8, {4, 64, 64},
+                                   std::vector<int8_t>(4 * 64 * 64, 1));
                     }),
-              HasSubstr("fuses all experts in one gate_up_proj tensor"));
+              HasSubstr("tensor '" + p + "down_proj' must be F32, BF16 or F16 [4, 64, 64]"));
+  EXPECT_THAT(
+      error(fused("bf16"), [&](CtModel& c) { c.writer.tensors.erase(p + "down_proj_bias"); }),
+      HasSubstr("tensor '" + p +
+                "down_proj_bias' is missing (the experts have biases for one projection "
+                "only)"));
+  EXPECT_THAT(error(fused("mxfp4"),
+                    [&](CtModel& c) {
+                      c.writer.add(p + "down_proj_scales", DType::u8, {4, 64, 1},
+                                   std::vector<uint8_t>(4 * 64, 127));
+                    }),
+              HasSubstr("tensor '" + p +
+                        "down_proj_scales' must be U8 [4, 64, 2] (config.json: H 64, I 64, E 4), "
+                        "got U8 [4, 64, 1]"));
+  EXPECT_THAT(error(fused("mxfp4"),
+                    [&](CtModel& c) {
+                      c.writer.add(p + "gate_up_proj_scales", DType::u8, {4, 128, 2},
+                                   std::vector<uint8_t>(4 * 128 * 2, 255));
+                    }),
+              HasSubstr("gate_up_proj_blocks (gate, interleaved)' expert 0 row 0: w: expected "
+                        "finite values"));
+  // the shared expert
+  const std::string folder = dir_ / "noshared";
+  base().writer.write(folder);
+  io::LoadOptions shared;
+  shared.shared_expert = true;
+  EXPECT_THAT(error_of([&] { io::open_layer(folder, 0, shared); }),
+              HasSubstr("layer 0 has no shared expert (neither "
+                        "'model.layers.0.mlp.shared_experts.gate_proj.weight' nor "
+                        "'model.layers.0.mlp.shared_expert.gate_proj.weight' exists)"));
+  CtSpec spec;
+  spec.model_type = "qwen2_moe";
+  spec.layers = 1;
+  spec.E = 4;
+  spec.shared = "shared_expert";
+  spec.shared_gate = true;
+  CtModel q = make_ct(spec);
+  q.writer.config["shared_expert_intermediate_size"] = 64;
+  q.writer.add("model.layers.0.mlp.shared_expert_gate.weight", DType::bf16, {2, 64},
+               std::vector<uint16_t>(128, 0x3f80));
+  q.writer.write(dir_ / "q2");
+  EXPECT_THAT(error_of([&] { io::open_layer(dir_ / "q2", 0, shared); }),
+              HasSubstr("config.json shared_expert_intermediate_size is 64 but tensor "
+                        "'model.layers.0.mlp.shared_expert.gate_proj.weight_packed' has 128 rows"));
+  q.writer.config.erase("shared_expert_intermediate_size");
+  q.writer.write(dir_ / "q2");
+  EXPECT_THAT(error_of([&] { io::open_layer(dir_ / "q2", 0, shared); }),
+              HasSubstr("tensor 'model.layers.0.mlp.shared_expert_gate.weight' must be a float "
+                        "[1, 64] tensor"));
+}
+
+TEST_F(CtMalformed, UnknownOrWrongDtypes) {
+  // a dtype the safetensors reader does not know (an FP8 checkpoint), named with its file
+  const std::string folder = dir_ / "fp8";
+  std::filesystem::create_directories(folder);
+  CtModel c = base("bf16");
+  { std::ofstream(folder + "/config.json") << c.writer.config.dump(); }
+  const std::string header =
+      "{\"model.layers.0.mlp.experts.0.gate_proj.weight\": {\"dtype\": \"F8_E4M3\", \"shape\": "
+      "[64, 64], \"data_offsets\": [0, 4096]}}";
+  std::string file(8, '\0');
+  const uint64_t n = header.size();
+  std::memcpy(file.data(), &n, 8);
+  file += header + std::string(4096, '\0');
+  { std::ofstream(folder + "/model.safetensors", std::ios::binary) << file; }
+  const std::string fp8 = error_of([&] { io::open_layer(folder, 0, {}); });
+  EXPECT_THAT(fp8, HasSubstr("model.safetensors"));
+  EXPECT_THAT(fp8, HasSubstr("unsupported dtype 'F8_E4M3'"));
+  // a known dtype that is neither int4 values nor floats
+  const std::string p = "model.layers.0.mlp.experts.2.up_proj.weight";
+  EXPECT_THAT(error(base("bf16"),
+                    [&](CtModel& m) {
+                      m.writer.add(p, DType::i32, {64, 64}, std::vector<int32_t>(64 * 64, 1));
+                    }),
+              HasSubstr("tensor '" + p + "' must be a float [64, 64], got I32 [64, 64]"));
+}
+
+TEST_F(CtMalformed, TruncatedOrGarbledShards) {
+  CtModel c = base();
+  c.writer.shards = 2;
+  const std::string folder = dir_ / "cut";
+  c.writer.write(folder);
+  const std::string shard = folder + "/model-00002-of-00002.safetensors";
+  const auto size = std::filesystem::file_size(shard);
+  std::filesystem::resize_file(shard, size - 100);
+  const std::string cut = error_of([&] { io::pack_layer(*io::open_layer(folder, 0, {}), 1); });
+  EXPECT_THAT(cut, HasSubstr("model-00002-of-00002.safetensors"));
+  EXPECT_THAT(cut, HasSubstr("past the end"));
+  { std::ofstream(shard, std::ios::trunc) << "not a safetensors file at all"; }
+  EXPECT_THAT(error_of([&] { io::pack_layer(*io::open_layer(folder, 0, {}), 1); }),
+              HasSubstr("model-00002-of-00002.safetensors"));
 }
 
 TEST_F(CtMalformed, ShardProblems) {

@@ -362,6 +362,130 @@ TEST(Gguf, Llama4LikeLayerAppliesTheRouterWeightOnTheInput) {
   check_layer(dir / "l4.gguf", 0, RouteSpec{"sigmoid", false});
 }
 
+// ---------------------------------------------------------------------------------------------
+// Shared experts
+
+TEST(Gguf, Qwen2MoeSharedExpertWithItsGate) {
+  // routed experts as Qwen2-MoE routes them, and the shared expert (Q4_0: exact) whose output
+  // is scaled by sigmoid(x . ffn_gate_inp_shexp)
+  TempDir dir;
+  GgufSpec spec;
+  spec.arch = "qwen2moe";
+  spec.H = 96;
+  spec.I = 64;
+  spec.E = 8;
+  spec.K = 4;
+  spec.shared_expert = spec.shared_gate = true;
+  spec.Is = 160;
+  GgufModel g = make_gguf(spec);
+  g.writer.write(dir / "q2.gguf");
+  const auto routed = io::open_layer(dir / "q2.gguf", 1, {});
+  EXPECT_TRUE(routed->info().has_shared_expert);
+  EXPECT_FALSE(routed->info().routing.renormalize);
+  check_layer(dir / "q2.gguf", 1, RouteSpec{"softmax", false});
+
+  io::LoadOptions options;
+  options.shared_expert = true;
+  const auto shared = io::open_layer(dir / "q2.gguf", 1, options);
+  const io::LayerInfo& info = shared->info();
+  EXPECT_EQ(info.hidden, 96);
+  EXPECT_EQ(info.inter, 160);
+  EXPECT_FALSE(info.has_shared_expert);
+  EXPECT_EQ(info.w13_scale_dtype, DType::f16);
+  ASSERT_EQ(shared->conversions().size(), 3u);
+  EXPECT_EQ(shared->conversions()[0].tensor, "blk.1.ffn_gate_shexp.weight");
+  EXPECT_EQ(shared->conversions()[2].tensor, "blk.1.ffn_down_shexp.weight");
+  for (const io::Conversion& c : shared->conversions()) EXPECT_TRUE(c.exact) << c.tensor;
+  const Loaded w = load_all(*shared);
+  EXPECT_EQ(w.w13, g.shared[1].w13);
+  EXPECT_EQ(w.w2, g.shared[1].w2);
+  for (size_t i = 0; i < w.w13_s.size(); ++i)
+    ASSERT_EQ(f16_bits(w.w13_s[i]), f16_bits(g.shared[1].w13_s[i])) << i;
+  check_shared(dir / "q2.gguf", 1, g.shared[1].router);
+}
+
+TEST(Gguf, DeepSeek2SharedExpertConvertedAndAddedAsIs) {
+  // no gate: weight 1 for every token; Q8_0 / F16 / BF16 tensors converted with their error
+  TempDir dir;
+  GgufSpec spec;
+  spec.arch = "deepseek2";
+  spec.layers = 1;
+  spec.H = 64;
+  spec.I = 64;
+  spec.E = 8;
+  spec.K = 2;
+  spec.shared_expert = true;
+  spec.Is = 128;
+  spec.shared_types[0] = kTQ8_0;
+  spec.shared_types[1] = kTF16;
+  spec.shared_types[2] = kTBF16;
+  GgufModel g = make_gguf(spec);
+  g.writer.write(dir / "ds.gguf");
+  io::LoadOptions options;
+  options.shared_expert = true;
+  const auto shared = io::open_layer(dir / "ds.gguf", 0, options);
+  EXPECT_FALSE(shared->info().shared_gate);
+  EXPECT_EQ(shared->info().w13_scale_dtype, DType::f32);
+  const Loaded w = load_all(*shared);
+  const char* const types[3] = {"Q8_0", "F16", "BF16"};
+  for (int which = 0; which < 3; ++which) {
+    const io::Conversion c = shared->conversions()[static_cast<size_t>(which)];
+    EXPECT_FALSE(c.exact);
+    EXPECT_EQ(c.source, types[which]);
+    EXPECT_GT(c.relative_rms(), 0.0);
+    EXPECT_LT(c.relative_rms(), 0.2);
+    // the loaded values are quantize_weights of the file's values
+    const std::vector<float>& file = g.shared_floats[which][0];
+    const int64_t rows = which == 2 ? 64 : 128, cols = which == 2 ? 128 : 64;
+    const QuantizedWeights q = quantize_weights(
+        TensorView::of(file.data(), DType::f32, {1, rows, cols}), 32, QuantRule::q4_0);
+    const int64_t first = which == 1 ? 128 : 0;
+    const std::vector<int8_t>& v = which == 2 ? w.w2 : w.w13;
+    const std::vector<float>& sc = which == 2 ? w.w2_s : w.w13_s;
+    EXPECT_TRUE(std::equal(q.values.begin(), q.values.end(), v.begin() + first * cols)) << which;
+    EXPECT_TRUE(std::equal(q.scales.begin(), q.scales.end(), sc.begin() + first * (cols / 32)))
+        << which;
+  }
+  check_shared(dir / "ds.gguf", 0, {});
+  io::LoadOptions exact = options;
+  exact.require_exact = true;
+  EXPECT_THAT(error_of([&] { io::open_layer(dir / "ds.gguf", 0, exact); }),
+              HasSubstr("tensor 'blk.0.ffn_gate_shexp.weight' has type Q8_0, which does not map "
+                        "exactly onto int4"));
+}
+
+TEST(Gguf, SharedExpertMissingOrMalformed) {
+  TempDir dir;
+  GgufSpec spec;
+  spec.layers = 1;
+  spec.H = spec.I = 64;
+  spec.E = 4;
+  io::LoadOptions options;
+  options.shared_expert = true;
+  make_gguf(spec).writer.write(dir / "none.gguf");
+  EXPECT_FALSE(io::open_layer(dir / "none.gguf", 0, {})->info().has_shared_expert);
+  EXPECT_THAT(error_of([&] { io::open_layer(dir / "none.gguf", 0, options); }),
+              HasSubstr("layer 0 has no shared expert: tensor 'blk.0.ffn_gate_shexp.weight' is "
+                        "missing"));
+  const Moe sh = make_moe(64, 96, 1, 1, 5);
+  const auto with = [&](std::vector<int64_t> down_ne, uint32_t feed_forward) {
+    GgufModel g = make_gguf(spec);
+    g.writer.kv_u32("qwen3moe.expert_shared_feed_forward_length", feed_forward);
+    g.writer.tensor("blk.0.ffn_gate_shexp.weight", kTQ4_0, {64, 96}, q4_0_tensor(sh, 0));
+    g.writer.tensor("blk.0.ffn_up_shexp.weight", kTQ4_0, {64, 96}, q4_0_tensor(sh, 1));
+    g.writer.tensor("blk.0.ffn_down_shexp.weight", kTQ4_0, std::move(down_ne), q4_0_tensor(sh, 2));
+    g.writer.write(dir / "sh.gguf");
+    return error_of([&] { io::open_layer(dir / "sh.gguf", 0, options); });
+  };
+  EXPECT_EQ(with({96, 64}, 96), "(no error)");
+  EXPECT_THAT(with({96, 64}, 128),
+              HasSubstr("metadata 'qwen3moe.expert_shared_feed_forward_length' says 128 but "
+                        "tensor 'blk.0.ffn_gate_shexp.weight' has 96 rows"));
+  EXPECT_THAT(with({64, 96}, 96),
+              HasSubstr("tensor 'blk.0.ffn_down_shexp.weight' must have ne "
+                        "[96, 64] (GGUF order, innermost first), got [64, 96]"));
+}
+
 TEST(Gguf, SplitModel) {
   // three files as gguf-split writes them; any of them names the model
   TempDir dir;

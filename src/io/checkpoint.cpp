@@ -54,6 +54,28 @@ void convert_row(const float* row, int64_t n, int group_size, QuantRule rule, ui
   stats.elements += n;
 }
 
+void gather_columns(const uint8_t* matrix, DType dtype, int64_t in, int64_t out, int64_t first,
+                    int64_t step, int64_t count, float* dst) {
+  for (int64_t k = 0; k < in; ++k) {
+    const int64_t at = k * out + first;
+    for (int64_t r = 0; r < count; ++r)
+      dst[r * in + k] = detail::load_float(matrix, dtype, at + r * step);
+  }
+}
+
+void decode_mxfp4_row(const uint8_t* blocks, const uint8_t* scales, int64_t n, float* dst) {
+  static constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                      -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+  for (int64_t g = 0; g < n / 32; ++g) {
+    const float s = std::ldexp(1.0f, static_cast<int>(scales[g]) - 127);
+    for (int64_t b = 0; b < 16; ++b) {
+      const uint8_t v = blocks[g * 16 + b];
+      dst[g * 32 + 2 * b] = kE2m1[v & 15] * s;
+      dst[g * 32 + 2 * b + 1] = kE2m1[v >> 4] * s;
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // LayerSource
 
@@ -88,6 +110,29 @@ std::unique_ptr<LayerSource> open_layer(const std::string& path, int layer,
     return open_gguf_layer(path, layer, options);  // reports the bad magic
   throw Error(cat("model '", path,
                   "': expected a .gguf file or a folder with config.json and safetensors files"));
+}
+
+void route_tokens(const LayerSource& source, const Router& router, const TensorView& x,
+                  std::vector<int32_t>& ids, std::vector<float>& weights) {
+  const LayerInfo& info = source.info();
+  const int64_t T = x.shape[0], E = info.experts, K = info.top_k, H = info.hidden;
+  ids.assign(static_cast<size_t>(T * K), 0);
+  weights.assign(static_cast<size_t>(T * K), 1.0f);
+  if (router.weight.empty()) {
+    if (E != 1 || K != 1) throw Error(cat("layer ", info.layer, ": the router is missing"));
+    return;  // a shared expert without a gate: every token, weight 1
+  }
+  std::vector<float> logits(static_cast<size_t>(T * E));
+  router_logits(
+      x, TensorView::of(router.weight.data(), DType::f32, {E, H}),
+      router.bias.empty() ? TensorView{} : TensorView::of(router.bias.data(), DType::f32, {E}),
+      MutableTensorView::of(logits.data(), DType::f32, {T, E}));
+  route(TensorView::of(logits.data(), DType::f32, {T, E}),
+        router.selection_bias.empty()
+            ? TensorView{}
+            : TensorView::of(router.selection_bias.data(), DType::f32, {E}),
+        info.routing, MutableTensorView::of(ids.data(), DType::i32, {T, K}),
+        MutableTensorView::of(weights.data(), DType::f32, {T, K}));
 }
 
 // ---------------------------------------------------------------------------------------------

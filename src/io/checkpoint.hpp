@@ -5,6 +5,11 @@
 //   Router router = source->router();                    // f32 [E, H] and biases
 //   PackedLayer packed = pack_layer(*source, threads);   // streams the experts into the packer
 //
+// A layer's shared expert (DeepSeek, Qwen2-MoE, Llama-4: an MLP every token goes through) is a
+// source of its own, opened with LoadOptions::shared_expert: one expert (E = K = 1) of its own
+// intermediate size, run by the same W4A8 path with weight 1 (DeepSeek, Llama-4 add its output
+// as is) or sigmoid(x . gate) (Qwen2-MoE's shared_expert_gate, the source's router).
+//
 // Expert weights reach the packer as int4 values (nibble-packed, value + 8, element 2j in the low
 // nibble) with scales in the dtype the file holds them in when the file's format maps exactly
 // (GGUF Q4_0: f16 scales, group 32; compressed-tensors int4: its scales and group size). Any other
@@ -30,6 +35,7 @@ struct LoadOptions {
   int group_size = 32;  // for converted tensors (an exact source's own group size wins)
   QuantRule rule = QuantRule::q4_0;
   bool require_exact = false;  // refuse any conversion
+  bool shared_expert = false;  // open the layer's shared expert instead of its routed experts
 };
 
 // How one of the layer's weight tensors (gate, up, down) became int4.
@@ -51,13 +57,18 @@ struct LayerInfo {
   int group_size = -1;  // of the packed weights
   DType w13_scale_dtype = DType::f32, w2_scale_dtype = DType::f32;
   bool expert_bias = false;  // gpt-oss: biases of the gate/up and down projections
+  // Routed sources: the layer also has a shared expert (LoadOptions::shared_expert opens it).
+  bool has_shared_expert = false;
+  // Shared-expert sources (experts = top_k = 1): the output is scaled per token by
+  // sigmoid(x . gate), the router's weight [1, H] (routing: sigmoid); else it is added as is.
+  bool shared_gate = false;
   RoutingConfig routing;
   MoeParams params;                // activation, alpha/limit, router weight on the input
   std::vector<std::string> notes;  // what the loader decided and the user should know
 };
 
 struct Router {
-  std::vector<float> weight;          // [E, H]
+  std::vector<float> weight;          // [E, H] (a shared expert: its gate [1, H], or empty)
   std::vector<float> bias;            // [E] or empty: added to the logits (gpt-oss)
   std::vector<float> selection_bias;  // [E] or empty: added to scores for choosing (DeepSeek-V3)
 };
@@ -102,6 +113,12 @@ std::unique_ptr<LayerSource> open_gguf_layer(const std::string& path, int layer,
                                              const LoadOptions& options);
 std::unique_ptr<LayerSource> open_compressed_tensors_layer(const std::string& folder, int layer,
                                                            const LoadOptions& options);
+
+// The experts and weights of T tokens x [T, H] (f32/bf16/f16): the router's logits in f32, then
+// route() with the source's routing. A shared-expert source gives id 0 and weight
+// sigmoid(x . gate), or 1 without a gate.
+void route_tokens(const LayerSource& source, const Router& router, const TensorView& x,
+                  std::vector<int32_t>& ids, std::vector<float>& weights);
 
 // Sizes of one expert's slot buffers.
 struct SlotSizes {

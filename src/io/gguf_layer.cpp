@@ -6,6 +6,9 @@
 //   ffn_gate_exps.weight [H, I, E]    = row-major [E, I, H]; likewise ffn_up_exps
 //   ffn_down_exps.weight [I, H, E]    = row-major [E, H, I]
 //   ffn_{gate,up,down}_exps.bias      gpt-oss: [I, E], [I, E], [H, E]
+// and the shared expert (LoadOptions::shared_expert; qwen2moe, deepseek2, llama4):
+//   ffn_gate_shexp.weight [H, Is], ffn_up_shexp.weight [H, Is], ffn_down_shexp.weight [Is, H]
+//   ffn_gate_inp_shexp.weight [H] (or [H, 1]): Qwen2-MoE's gate, out += sigmoid(x . g) * shared(x)
 // Metadata "<arch>.": expert_count, expert_used_count, embedding_length,
 // expert_feed_forward_length, expert_gating_func (1 softmax, 2 sigmoid, 3 softmax over the chosen
 // logits), expert_weights_norm, expert_weights_scale, expert_group_count,
@@ -77,6 +80,11 @@ class GgufLayer final : public LayerSource {
   void check_shape(const GgufTensor& t, std::initializer_list<int64_t> ne) const;
   void check_float_type(const GgufTensor& t) const;
   std::vector<float> read_floats(const GgufTensor& t) const;
+  void init_routed(const ArchDefaults& defaults);
+  void init_shared(const ArchDefaults& defaults);
+  // Q4_0 tensors map exactly; others are converted (or refused): sets the group size and the
+  // scale dtypes of the three expert tensors.
+  void choose_types();
   // Rows [row0, row0 + rows) of expert e of an expert tensor, into nibbles and scales (row r of
   // the slot starts at nibbles + r * cols / 2 and scales + r * groups).
   void load_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales, DType scale_dtype,
@@ -88,7 +96,13 @@ class GgufLayer final : public LayerSource {
   const GgufTensor* experts_[3] = {};  // gate, up, down
   const GgufTensor* bias_[3] = {};
   Kind kind_[3] = {};
+  const GgufTensor* router_ = nullptr;  // [H, E]; a shared expert's gate [H] (or none)
+  const GgufTensor* router_bias_ = nullptr;
+  const GgufTensor* selection_bias_ = nullptr;
 };
+
+constexpr const char* kSharedTensors[3] = {"ffn_gate_shexp.weight", "ffn_up_shexp.weight",
+                                           "ffn_down_shexp.weight"};
 
 const GgufTensor* GgufLayer::find_tensor(const std::string& n) const {
   for (const GgufFile& f : files_)
@@ -193,18 +207,28 @@ GgufLayer::GgufLayer(const std::string& path, int layer, const LoadOptions& opti
   const std::optional<std::string> arch = meta_file.get_string("general.architecture");
   if (!arch) fail("metadata 'general.architecture' is missing");
   info_.model = *arch;
-  const auto key = [&](const char* suffix) { return cat(*arch, ".", suffix); };
   const ArchDefaults* defaults = nullptr;
   for (const ArchDefaults& a : kArchs)
     if (*arch == a.arch) defaults = &a;
   if (defaults == nullptr)
     fail(cat("architecture '", *arch, "' is not one whose routing w4a8moe knows (", known_archs(),
              ")"));
-
-  if (const std::optional<int64_t> blocks = meta_file.get_int(key("block_count")))
+  const std::string blocks_key = cat(*arch, ".block_count");
+  if (const std::optional<int64_t> blocks = meta_file.get_int(blocks_key))
     if (layer >= *blocks)
-      fail(cat("layer ", layer, " does not exist: the model has ", *blocks, " blocks (",
-               key("block_count"), ")"));
+      fail(cat("layer ", layer, " does not exist: the model has ", *blocks, " blocks (", blocks_key,
+               ")"));
+  if (options.shared_expert) {
+    init_shared(*defaults);
+  } else {
+    init_routed(*defaults);
+  }
+}
+
+void GgufLayer::init_routed(const ArchDefaults& defaults) {
+  const GgufFile& meta_file = meta();
+  const int layer = info_.layer;
+  const auto key = [&](const char* suffix) { return cat(info_.model, ".", suffix); };
   if (find_tensor(name("ffn_gate_exps.weight")) == nullptr) {
     std::string why;
     if (const auto dense = meta_file.get_int(key("leading_dense_block_count"));
@@ -215,6 +239,10 @@ GgufLayer::GgufLayer(const std::string& path, int layer, const LoadOptions& opti
       why =
           " (it stores one tensor per expert, an old GGUF layout w4a8moe does not read; convert "
           "the model again with a current llama.cpp)";
+    if (find_tensor(name("ffn_gate_up_exps.weight")) != nullptr)
+      why =
+          " (it fuses gate and up in one tensor 'ffn_gate_up_exps', a layout w4a8moe does not "
+          "read)";
     fail(cat("layer ", layer, " has no MoE experts: tensor '", name("ffn_gate_exps.weight"),
              "' is missing", why));
   }
@@ -229,9 +257,9 @@ GgufLayer::GgufLayer(const std::string& path, int layer, const LoadOptions& opti
   const int64_t H = gate.ne[0], I = gate.ne[1], E = gate.ne[2];
   check_shape(*experts_[1], {H, I, E});
   check_shape(*experts_[2], {I, H, E});
-  const GgufTensor& router = require("ffn_gate_inp.weight");
-  check_shape(router, {H, E});
-  check_float_type(router);
+  router_ = &require("ffn_gate_inp.weight");
+  check_shape(*router_, {H, E});
+  check_float_type(*router_);
   if (H < 2 || I < 2 || E < 1 || H % 2 != 0 || I % 2 != 0)
     fail(cat("tensor '", gate.name, "' has ne [", H, ", ", I, ", ", E,
              "]: w4a8moe needs even, non-zero H and I and at least one expert"));
@@ -266,47 +294,13 @@ GgufLayer::GgufLayer(const std::string& path, int layer, const LoadOptions& opti
     for (const GgufTensor* b : bias_) check_float_type(*b);
     info_.expert_bias = true;
   }
-
-  // Types: Q4_0 is exact; others are converted (or refused).
-  bool any_exact = false;
-  conversions_.resize(3);
-  for (int i = 0; i < 3; ++i) {
-    const GgufTensor& t = *experts_[i];
-    const std::optional<GgmlTypeInfo> type = ggml_type_info(t.type);
-    conversions_[static_cast<size_t>(i)].tensor = t.name;
-    conversions_[static_cast<size_t>(i)].source = type->name;
-    if (t.type == static_cast<uint32_t>(GgmlType::q4_0)) {
-      kind_[i] = Kind::exact_q4_0;
-      any_exact = true;
-      continue;
-    }
-    if (!type->dequantizable)
-      fail(cat("tensor '", t.name, "' has type ", type->name,
-               ", which w4a8moe cannot convert to int4 (exact: Q4_0; converted: ",
-               ggml_dequantizable_names(), ")"));
-    if (options.require_exact)
-      fail(cat("tensor '", t.name, "' has type ", type->name,
-               ", which does not map exactly onto int4 (only Q4_0 does); allow the conversion "
-               "to requantize it"));
-    kind_[i] = Kind::convert;
-    conversions_[static_cast<size_t>(i)].exact = false;
-  }
-  info_.group_size = any_exact ? 32 : options.group_size;
-  if (any_exact && options.group_size != 32)
-    info_.notes.push_back(cat("group size 32 (Q4_0's blocks) instead of ", options.group_size,
-                              " for the converted tensors, so w13 and w2 share it"));
-  const int g = info_.group_size;
-  if (g != -1 && (g <= 0 || g % 32 != 0 || H % g != 0 || I % g != 0))
-    fail(cat("group size ", g, " must be -1 or a multiple of 32 dividing H = ", H, " and I = ", I));
-  info_.w13_scale_dtype =
-      kind_[0] == Kind::exact_q4_0 && kind_[1] == Kind::exact_q4_0 ? DType::f16 : DType::f32;
-  info_.w2_scale_dtype = kind_[2] == Kind::exact_q4_0 ? DType::f16 : DType::f32;
+  choose_types();
 
   // Routing.
   RoutingConfig& r = info_.routing;
   r.experts = E;
   r.top_k = info_.top_k;
-  r.gating = defaults->gating;
+  r.gating = defaults.gating;
   if (const std::optional<int64_t> f = meta_file.get_int(key("expert_gating_func"))) {
     if (*f == 1) {
       r.gating = Gating::softmax;
@@ -320,7 +314,7 @@ GgufLayer::GgufLayer(const std::string& path, int layer, const LoadOptions& opti
                "chosen)"));
     }
   }
-  r.renormalize = defaults->renormalize;
+  r.renormalize = defaults.renormalize;
   if (const std::optional<bool> norm = meta_file.get_bool(key("expert_weights_norm")))
     r.renormalize = *norm;
   if (const std::optional<double> scale = meta_file.get_float(key("expert_weights_scale"));
@@ -338,29 +332,110 @@ GgufLayer::GgufLayer(const std::string& path, int layer, const LoadOptions& opti
   } catch (const Error& e) {
     fail(cat("the routing metadata does not fit: ", e.what()));
   }
-  if (const GgufTensor* b = optional("ffn_gate_inp.bias")) {
-    check_shape(*b, {E});
-    check_float_type(*b);
+  if ((router_bias_ = optional("ffn_gate_inp.bias")) != nullptr) {
+    check_shape(*router_bias_, {E});
+    check_float_type(*router_bias_);
   }
-  if (const GgufTensor* b = optional("exp_probs_b.bias")) {
-    check_shape(*b, {E});
-    check_float_type(*b);
+  if ((selection_bias_ = optional("exp_probs_b.bias")) != nullptr) {
+    check_shape(*selection_bias_, {E});
+    check_float_type(*selection_bias_);
   }
-  info_.params.activation = defaults->activation;
-  info_.params.apply_router_weight_on_input = defaults->on_input;
-  if (defaults->on_input && info_.top_k != 1)
+  info_.params.activation = defaults.activation;
+  info_.params.apply_router_weight_on_input = defaults.on_input;
+  if (defaults.on_input && info_.top_k != 1)
     info_.notes.push_back(cat("the router weight is applied on the input with top-k ", info_.top_k,
                               " (Llama-4 uses 1)"));
-  if (optional("ffn_gate_shexp.weight") != nullptr || optional("ffn_up_shexp.weight") != nullptr)
-    info_.notes.push_back(
-        "the file's shared expert is not included in `out` (routed experts only)");
+  for (const char* t : kSharedTensors) info_.has_shared_expert |= optional(t) != nullptr;
+}
+
+void GgufLayer::init_shared(const ArchDefaults& defaults) {
+  const GgufFile& meta_file = meta();
+  const auto key = [&](const char* suffix) { return cat(info_.model, ".", suffix); };
+  if (optional(kSharedTensors[0]) == nullptr)
+    fail(cat("layer ", info_.layer, " has no shared expert: tensor '", name(kSharedTensors[0]),
+             "' is missing"));
+  for (int i = 0; i < 3; ++i) experts_[i] = &require(kSharedTensors[i]);
+  const GgufTensor& gate = *experts_[0];
+  if (gate.n_dims != 2)
+    fail(cat("tensor '", gate.name, "' must have 2 dimensions [H, I], got ", gate.n_dims));
+  const int64_t H = gate.ne[0], I = gate.ne[1];
+  check_shape(*experts_[1], {H, I});
+  check_shape(*experts_[2], {I, H});
+  if (H < 2 || I < 2 || H % 2 != 0 || I % 2 != 0)
+    fail(cat("tensor '", gate.name, "' has ne [", H, ", ", I,
+             "]: w4a8moe needs even, non-zero H and I"));
+  if (const std::optional<int64_t> v = meta_file.get_int(key("embedding_length")); v && *v != H)
+    fail(cat("metadata '", key("embedding_length"), "' says ", *v, " but tensor '", gate.name,
+             "' has ", H, " columns (the hidden size)"));
+  if (const std::optional<int64_t> v = meta_file.get_int(key("expert_shared_feed_forward_length"));
+      v && *v != I)
+    fail(cat("metadata '", key("expert_shared_feed_forward_length"), "' says ", *v, " but tensor '",
+             gate.name, "' has ", I, " rows"));
+  info_.hidden = H;
+  info_.inter = I;
+  info_.experts = 1;
+  info_.top_k = 1;
+  choose_types();
+  RoutingConfig& r = info_.routing;
+  r.experts = 1;
+  r.top_k = 1;
+  r.gating = Gating::sigmoid;
+  if ((router_ = optional("ffn_gate_inp_shexp.weight")) != nullptr) {
+    if (router_->n_dims == 2) {
+      check_shape(*router_, {H, 1});
+    } else {
+      check_shape(*router_, {H});
+    }
+    check_float_type(*router_);
+    info_.shared_gate = true;
+  }
+  info_.params.activation = defaults.activation;
+  info_.params.apply_router_weight_on_input = false;
+}
+
+void GgufLayer::choose_types() {
+  const int64_t H = info_.hidden, I = info_.inter;
+  bool any_exact = false;
+  conversions_.resize(3);
+  for (int i = 0; i < 3; ++i) {
+    const GgufTensor& t = *experts_[i];
+    const std::optional<GgmlTypeInfo> type = ggml_type_info(t.type);
+    conversions_[static_cast<size_t>(i)].tensor = t.name;
+    conversions_[static_cast<size_t>(i)].source = type->name;
+    if (t.type == static_cast<uint32_t>(GgmlType::q4_0)) {
+      kind_[i] = Kind::exact_q4_0;
+      any_exact = true;
+      continue;
+    }
+    if (!type->dequantizable)
+      fail(cat("tensor '", t.name, "' has type ", type->name,
+               ", which w4a8moe cannot convert to int4 (exact: Q4_0; converted: ",
+               ggml_dequantizable_names(), ")"));
+    if (options_.require_exact)
+      fail(cat("tensor '", t.name, "' has type ", type->name,
+               ", which does not map exactly onto int4 (only Q4_0 does); allow the conversion "
+               "to requantize it"));
+    kind_[i] = Kind::convert;
+    conversions_[static_cast<size_t>(i)].exact = false;
+  }
+  info_.group_size = any_exact ? 32 : options_.group_size;
+  if (any_exact && options_.group_size != 32 &&
+      !std::all_of(kind_, kind_ + 3, [](Kind k) { return k == Kind::exact_q4_0; }))
+    info_.notes.push_back(cat("group size 32 (Q4_0's blocks) instead of ", options_.group_size,
+                              " for the converted tensors, so w13 and w2 share it"));
+  const int g = info_.group_size;
+  if (g != -1 && (g <= 0 || g % 32 != 0 || H % g != 0 || I % g != 0))
+    fail(cat("group size ", g, " must be -1 or a multiple of 32 dividing H = ", H, " and I = ", I));
+  info_.w13_scale_dtype =
+      kind_[0] == Kind::exact_q4_0 && kind_[1] == Kind::exact_q4_0 ? DType::f16 : DType::f32;
+  info_.w2_scale_dtype = kind_[2] == Kind::exact_q4_0 ? DType::f16 : DType::f32;
 }
 
 Router GgufLayer::router() const {
   Router out;
-  out.weight = read_floats(require("ffn_gate_inp.weight"));
-  if (const GgufTensor* b = optional("ffn_gate_inp.bias")) out.bias = read_floats(*b);
-  if (const GgufTensor* b = optional("exp_probs_b.bias")) out.selection_bias = read_floats(*b);
+  if (router_ != nullptr) out.weight = read_floats(*router_);
+  if (router_bias_ != nullptr) out.bias = read_floats(*router_bias_);
+  if (selection_bias_ != nullptr) out.selection_bias = read_floats(*selection_bias_);
   return out;
 }
 
@@ -401,8 +476,9 @@ void GgufLayer::load_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scale
     for (int64_t n = 0; n < rows; ++n) {
       ggml_dequantize_row(static_cast<GgmlType>(t.type),
                           base + static_cast<uint64_t>(n) * row_bytes, cols, row.data());
-      convert_row(row.data(), cols, g, options_.rule, nibbles + n * (cols / 2), row_scales.data(),
-                  stats, cat("tensor '", t.name, "' expert ", e, " row ", n));
+      convert_row(
+          row.data(), cols, g, options_.rule, nibbles + n * (cols / 2), row_scales.data(), stats,
+          cat("GGUF file '", owner(t).path(), "': tensor '", t.name, "' expert ", e, " row ", n));
       for (int64_t b = 0; b < groups; ++b)
         store_scale(scales, scale_dtype, n * groups + b, row_scales[static_cast<size_t>(b)]);
     }

@@ -97,4 +97,12 @@ void MappedFile::release(uint64_t offset, uint64_t bytes) const noexcept {
   if (n > 0) ::madvise(p, n, MADV_DONTNEED);
 }
 
+void release_mapped(const uint8_t* data, size_t bytes) noexcept {
+  if (data == nullptr || bytes == 0) return;
+  // the mapping starts on a page boundary, so the page holding `data` is inside it
+  const auto at = reinterpret_cast<uintptr_t>(data);
+  const uintptr_t first = at / page_size() * page_size();
+  ::madvise(reinterpret_cast<void*>(first), static_cast<size_t>(at - first) + bytes, MADV_DONTNEED);
+}
+
 }  // namespace w4a8moe::io

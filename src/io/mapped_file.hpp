@@ -42,4 +42,8 @@ class MappedFile {
   size_t size_ = 0;
 };
 
+// The same hint for [data, data + bytes), a range inside a live MappedFile's mapping (a part of a
+// tensor the caller holds a span of, e.g. one expert of a fused [E, ...] tensor).
+void release_mapped(const uint8_t* data, size_t bytes) noexcept;
+
 }  // namespace w4a8moe::io
