@@ -20,6 +20,7 @@ namespace {
 using namespace ckpt_test;
 using namespace w4a8moe;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 #ifdef W4A8MOE_CLI_PATH
@@ -200,6 +201,159 @@ TEST_F(LayerCli, LoadingStreams) {
   EXPECT_GT(packed, 14.0);
   EXPECT_LT(peak, packed + 30.0) << "the loader held more than the packed layer and a chunk ("
                                  << file_mib << " MiB file)";
+}
+
+TEST_F(LayerCli, SharedExpertIsIncludedOnlyWhenAsked) {
+  // Qwen2-MoE: routed experts plus the shared expert scaled by sigmoid(x . gate); both parts run
+  // in f32 on the bf16 input and their sum is rounded once to bf16
+  GgufSpec spec;
+  spec.arch = "qwen2moe";
+  spec.H = 64;
+  spec.I = 64;
+  spec.E = 8;
+  spec.K = 2;
+  spec.shared_expert = spec.shared_gate = true;
+  spec.Is = 128;
+  make_gguf(spec).writer.write(dir_ / "q2.gguf");
+  const int64_t T = 5, H = spec.H, K = spec.K;
+  std::vector<float> x = random_x(T, H, 9);
+  for (float& v : x) v = from_bf16(bf16_bits(v));
+  io::SafetensorsWriter in;
+  in.add("x", DType::bf16, {T, H}, bf16_of(x));
+  in.write(dir_ / "x.safetensors");
+
+  const Result without = run({"--model", dir_ / "q2.gguf", "--layer", "1", "--input",
+                              dir_ / "x.safetensors", "--repeat", "1", "--threads", "2"});
+  ASSERT_EQ(without.exit_code, 0) << without.out << without.err;
+  EXPECT_THAT(without.out, HasSubstr("note: the file's shared expert is not included in `out` "
+                                     "(routed experts only; --shared-experts adds it)"));
+  EXPECT_THAT(without.out, Not(HasSubstr("shared expert: I")));
+
+  const Result r = run({"--model", dir_ / "q2.gguf", "--layer", "1", "--input",
+                        dir_ / "x.safetensors", "--output", dir_ / "out.safetensors", "--threads",
+                        "2", "--repeat", "2", "--compare", "--shared-experts"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("shared expert: I 128, silu, output scaled by sigmoid(x . gate)"));
+  EXPECT_THAT(r.out, HasSubstr("weights: blk.1.ffn_gate_shexp.weight: Q4_0 -> int4 exactly"));
+  EXPECT_THAT(r.out, HasSubstr("out: the routed experts plus the shared expert"));
+  EXPECT_THAT(r.out, Not(HasSubstr("not included")));
+  EXPECT_THAT(r.out, HasSubstr("routed and shared experts"));
+  EXPECT_THAT(r.out, HasSubstr("activations not quantized; shared expert included)"));
+
+  // The same in this process.
+  const std::vector<uint16_t> xb = bf16_of(x);
+  const TensorView xbv = TensorView::of(xb.data(), DType::bf16, {T, H});
+  std::vector<float> sum(static_cast<size_t>(T * H), 0.0f), shared_weights;
+  Context context(1);
+  for (const bool shared : {false, true}) {
+    io::LoadOptions options;
+    options.shared_expert = shared;
+    const auto source = io::open_layer(dir_ / "q2.gguf", 1, options);
+    const io::PackedLayer packed = io::pack_layer(*source, 1);
+    std::vector<int32_t> ids;
+    std::vector<float> w;
+    io::route_tokens(*source, source->router(), xbv, ids, w);
+    const int64_t k = source->info().top_k;
+    std::vector<float> part(static_cast<size_t>(T * H));
+    forward(context, TensorView::of(x.data(), DType::f32, {T, H}),
+            TensorView::of(ids.data(), DType::i32, {T, k}),
+            TensorView::of(w.data(), DType::f32, {T, k}), packed.w13.bytes(), packed.w2.bytes(),
+            source->info().params, MutableTensorView::of(part.data(), DType::f32, {T, H}));
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
+    if (shared) shared_weights = w;
+  }
+  const io::SafetensorsFile out = io::SafetensorsFile::read(dir_ / "out.safetensors");
+  ASSERT_EQ(out.entry("out").dtype, DType::bf16);
+  EXPECT_EQ(std::memcmp(out.bytes("out").data(), bf16_of(sum).data(), sum.size() * 2), 0)
+      << "the program's output differs from routed + shared forward() in this process";
+  ASSERT_EQ(out.entry("shared_weights").shape, (std::vector<int64_t>{T}));
+  EXPECT_EQ(std::memcmp(out.bytes("shared_weights").data(), shared_weights.data(), T * 4), 0);
+  EXPECT_EQ(out.metadata().at("shared_expert"), "included");
+  EXPECT_EQ(out.entry("topk_ids").shape, (std::vector<int64_t>{T, K}));
+
+  // a model without a shared expert: said, and `out` is the routed experts
+  GgufSpec plain;
+  plain.layers = 1;
+  make_gguf(plain).writer.write(dir_ / "plain.gguf");
+  const Result none = run({"--model", dir_ / "plain.gguf", "--layer", "0", "--tokens", "2",
+                           "--repeat", "1", "--shared-experts"});
+  ASSERT_EQ(none.exit_code, 0) << none.out << none.err;
+  EXPECT_THAT(none.out,
+              HasSubstr("note: layer 0 has no shared expert: `out` is its routed experts"));
+}
+
+TEST_F(LayerCli, FusedExpertsAndSharedExpertOfAHuggingFaceFolder) {
+  // Llama-4 as transformers saves it: fused bf16 experts (converted), the shared expert
+  CtSpec spec;
+  spec.model_type = "llama4";
+  spec.fused = "bf16";
+  spec.shared = "shared_expert";
+  spec.layers = 1;
+  spec.H = 64;
+  spec.I = 64;
+  spec.Is = 64;
+  spec.E = 4;
+  spec.K = 1;
+  make_ct(spec).writer.write(dir_ / "l4");
+  const Result r = run({"--model", dir_ / "l4", "--layer", "0", "--tokens", "6", "--threads", "2",
+                        "--repeat", "1", "--compare", "--shared-experts"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("architecture: llama4_text; routing: sigmoid; router weight on the "
+                               "input"));
+  EXPECT_THAT(r.out, HasSubstr("weights: language_model.model.layers.0.feed_forward.experts."
+                               "gate_up_proj (gate, halves): BF16 -> int4 g32 (converted): "
+                               "relative RMS error "));
+  EXPECT_THAT(r.out, HasSubstr("shared expert: I 64, silu, output added as is"));
+  EXPECT_THAT(r.out, HasSubstr("weights: language_model.model.layers.0.feed_forward.shared_expert."
+                               "down_proj: BF16 -> int4 g32 (converted)"));
+  EXPECT_THAT(r.out, HasSubstr("compare: relative RMS error "));
+  // gpt-oss's MXFP4 experts, --exact refuses them
+  CtSpec oss;
+  oss.model_type = "gpt_oss";
+  oss.fused = "mxfp4";
+  oss.expert_bias = oss.router_bias = true;
+  oss.layers = 1;
+  oss.E = 4;
+  make_ct(oss).writer.write(dir_ / "oss");
+  const Result o =
+      run({"--model", dir_ / "oss", "--layer", "0", "--tokens", "4", "--repeat", "1", "--compare"});
+  ASSERT_EQ(o.exit_code, 0) << o.out << o.err;
+  EXPECT_THAT(o.out, HasSubstr("top-k 2, swigluoai"));
+  EXPECT_THAT(o.out, HasSubstr("routing: softmax_topk, router bias"));
+  EXPECT_THAT(o.out, HasSubstr("gate_up_proj_blocks (up, interleaved): MXFP4 -> int4 g32"));
+  EXPECT_THAT(failure({"--model", dir_ / "oss", "--layer", "0", "--exact"}),
+              HasSubstr("is MXFP4, which does not map exactly onto int4"));
+}
+
+TEST_F(LayerCli, LoadingHuggingFaceFoldersStreams) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "resident memory says nothing under AddressSanitizer (shadow memory, quarantine)";
+#endif
+  // 32 BF16 experts (48 MiB), per-expert tensors or fused in two tensors: each expert's bytes
+  // are released once packed (for fused tensors, the expert's part of each)
+  for (const char* fused : {"bf16", ""}) {
+    SCOPED_TRACE(*fused ? "fused" : "per expert");
+    CtSpec spec;
+    spec.model_type = "llama4";
+    spec.fused = fused;
+    spec.scheme = "bf16";
+    spec.layers = 1;
+    spec.H = spec.I = 512;
+    spec.E = 32;
+    spec.K = 1;
+    const std::string folder = dir_ / (*fused ? "fused" : "experts");
+    make_ct(spec).writer.write(folder);
+    const Result r = run(
+        {"--model", folder, "--layer", "0", "--tokens", "1", "--threads", "2", "--repeat", "1"});
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    const size_t at_packed = r.out.find("(packed "), at_peak = r.out.find("peak resident memory ");
+    ASSERT_NE(at_packed, std::string::npos) << r.out;
+    ASSERT_NE(at_peak, std::string::npos) << r.out;
+    const double packed = std::stod(r.out.substr(at_packed + 8));
+    const double peak = std::stod(r.out.substr(at_peak + 21));
+    EXPECT_GT(packed, 14.0);
+    EXPECT_LT(peak, packed + 30.0) << "the loader held more than the packed layer and a chunk";
+  }
 }
 
 TEST_F(LayerCli, Failures) {

@@ -60,6 +60,7 @@ struct LayerOptions {
   int group = 32;      // group size of converted (not exactly mapped) weights
   bool exact = false;  // refuse conversions
   bool compare = false;
+  bool shared_experts = false;  // add the layer's shared expert (if it has one) to `out`
 };
 int layer_command(const LayerOptions& options);
 // ---- end w4a8moe layer ----

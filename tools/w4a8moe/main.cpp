@@ -81,6 +81,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   l->add_flag("--exact", layer.exact, "refuse weights that do not map exactly onto int4");
   l->add_flag("--compare", layer.compare, "also run the float reference and print the error");
+  l->add_flag("--shared-experts", layer.shared_experts,
+              "include the layer's shared expert in out (DeepSeek, Qwen2-MoE, Llama-4)");
   // ---- end w4a8moe layer ----
 
   CheckOptions check;
