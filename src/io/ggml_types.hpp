@@ -2,14 +2,16 @@
 // dequantizers of the types the checkpoint loader converts.
 //
 // A quantized ggml row of ne[0] elements is ne[0] / block_elems blocks of block_bytes each.
-// Layouts (little-endian; "half" is IEEE f16):
-//   Q4_0  {half d; u8 qs[16]}                 x[j] = ((qs[j] & 15) - 8) d, x[j+16] = ((qs[j] >> 4)
-//   - 8) d Q4_1  {half d, m; u8 qs[16]}              x = q d + m Q5_0  {half d; u8 qh[4]; u8
-//   qs[16]}       5th bit of x[j] in bit j of qh; x = (q - 16) d Q5_1  {half d, m; u8 qh[4]; u8
-//   qs[16]}    x = q d + m Q8_0  {half d; i8 qs[32]}                 x = q d Q4_K  {half d, dmin;
-//   u8 scales[12]; u8 qs[128]}   8 sub-blocks of 32: 6-bit scale and min Q5_K  {half d, dmin; u8
-//   scales[12]; u8 qh[32]; u8 qs[128]} Q6_K  {u8 ql[128]; u8 qh[64]; i8 scales[16]; half d} MXFP4
-//   {u8 e; u8 qs[16]}                   x = kvalues[q] * 2^(e - 128) (e2m1 values doubled)
+// Layouts (little-endian; "half" is IEEE f16; q is element j's stored code):
+//   Q4_0   {half d; u8 qs[16]}  x[j] = ((qs[j] & 15) - 8) d, x[j + 16] = ((qs[j] >> 4) - 8) d
+//   Q4_1   {half d, m; u8 qs[16]}       x = q d + m
+//   Q5_0   {half d; u8 qh[4]; u8 qs[16]}  5th bit of x[j] in bit j of qh; x = (q - 16) d
+//   Q5_1   {half d, m; u8 qh[4]; u8 qs[16]}  x = q d + m
+//   Q8_0   {half d; i8 qs[32]}          x = q d
+//   Q4_K   {half d, dmin; u8 scales[12]; u8 qs[128]}  8 sub-blocks of 32: 6-bit scale and min
+//   Q5_K   {half d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]}
+//   Q6_K   {u8 ql[128]; u8 qh[64]; i8 scales[16]; half d}
+//   MXFP4  {u8 e; u8 qs[16]}            x = kvalues[q] * 2^(e - 128) (e2m1 values doubled)
 #pragma once
 
 #include <cstdint>
