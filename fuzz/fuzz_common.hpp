@@ -138,7 +138,7 @@ inline int64_t claimed_bytes(DType dtype, int rank, const std::array<int64_t, 3>
 // any read past the end. Owns everything it hands out until destroyed.
 class Buffers {
  public:
-  static constexpr int64_t kCap = int64_t{4} << 20;  // larger claims: the call is skipped
+  static constexpr int64_t kCap = int64_t{1} << 20;  // larger claims: the call is skipped
 
   ~Buffers() {
     for (uint8_t* p : owned_) std::free(p);
