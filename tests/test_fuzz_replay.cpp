@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "io/safetensors.hpp"
+
 int w4a8moe_fuzz_api(const uint8_t* data, size_t size);
 int w4a8moe_fuzz_packed(const uint8_t* data, size_t size);
 int w4a8moe_fuzz_packed_file(const uint8_t* data, size_t size);
@@ -73,6 +75,30 @@ TEST_P(FuzzCorpus, ReplaysWithoutAFinding) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Files, FuzzCorpus, testing::ValuesIn(corpus()), input_name);
+
+// Found by the safetensors fuzzer (corpus/safetensors/crash-a0ee2334...): a JSON number too
+// large for a double made the reader throw nlohmann's out_of_range instead of an Error naming
+// the file (`w4a8moe run` then printed nlohmann's text).
+TEST(FuzzRegressions, SafetensorsHeaderNumberOutOfRangeIsAnError) {
+  const fs::path file = fs::temp_directory_path() / "w4a8moe_number_overflow.safetensors";
+  for (const std::string& json :
+       {std::string("{\"x\":{\"dtype\":\"F32\",\"shape\":[1E400],\"data_offsets\":[0,4]}}"),
+        std::string("{\"__metadata__\":{\"a\":\"b\"},\"y\":-1e999}")}) {
+    std::string bytes(8, '\0');
+    bytes[0] = static_cast<char>(json.size());
+    bytes += json;
+    std::ofstream(file, std::ios::binary)
+        .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    try {
+      w4a8moe::io::SafetensorsFile::read(file.string());
+      ADD_FAILURE() << "accepted " << json;
+    } catch (const w4a8moe::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(file.string()), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("out of range"), std::string::npos) << e.what();
+    }
+  }
+  fs::remove(file);
+}
 
 TEST(FuzzCorpusLayout, EveryHarnessHasSeeds) {
   for (const char* name : {"api", "packed", "packed_file", "safetensors"}) {

@@ -242,6 +242,8 @@ ParsedHeader parse_header(const std::string& path, uint64_t file_bytes,
   } catch (const json::parse_error& e) {
     fail(path,
          cat("the header is not valid JSON (error at byte ", e.byte, " of ", header_bytes, ")"));
+  } catch (const json::out_of_range&) {  // issue 6, found by fuzzing: a number such as 1E400
+    fail(path, "the header is not valid JSON (a number out of range)");
   }
   if (!header.is_object())
     fail(path, cat("the header is not a JSON object but ", json_excerpt(header)));
