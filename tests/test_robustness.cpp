@@ -163,10 +163,10 @@ TEST(HostileShapes, HugeDimensionsAreRefusedBeforeAllocating) {
   };
   const int64_t g30 = int64_t{1} << 30;
   const Weights cases[] = {
-      {view3(DType::i8, kHuge, 2, 32), view2(kHuge, 2), "w13"},                 // E >= 2^32
-      {view3(DType::i8, 2, kHuge, 32), view2(2, kHuge), "w13"},                 // rows >= 2^32
-      {view3(DType::i8, 2, 2, kHuge), view2(2, 2), "w13"},                      // cols > 65536
-      {view3(DType::i8, g30, g30, g30), view2(g30, g30), "address space"},      // 2^90 bytes
+      {view3(DType::i8, kHuge, 2, 32), view2(kHuge, 2), "w13"},                  // E >= 2^32
+      {view3(DType::i8, 2, kHuge, 32), view2(2, kHuge), "w13"},                  // rows >= 2^32
+      {view3(DType::i8, 2, 2, kHuge), view2(2, 2), "w13"},                       // cols > 65536
+      {view3(DType::i8, g30, g30, g30), view2(g30, g30), "address space"},       // 2^90 bytes
       {view3(DType::u8, 2, 2, int64_t{1} << 62), view2(2, 2), "address space"},  // 2 x cols
       {view3(DType::u8, 1, 2, INT64_MAX), view2(1, 2), "address space"},
   };
@@ -184,10 +184,12 @@ TEST(HostileShapes, HugeDimensionsAreRefusedBeforeAllocating) {
   EXPECT_TRUE(throws_error([&] { w4a8moe::pack_w13(big_w, big_s, {}, opt); }, {"allocate"}));
 
   EXPECT_TRUE(throws_error(
-      [&] { w4a8moe::quantize_weights(TensorView::of(p, DType::f32, {1 << 30, 1 << 30, 1 << 30}), -1); },
+      [&] {
+        w4a8moe::quantize_weights(TensorView::of(p, DType::f32, {1 << 30, 1 << 30, 1 << 30}), -1);
+      },
       {"w", "address space"}));
-  EXPECT_TRUE(throws_error([&] { w4a8moe::PackedWeights::allocate(SIZE_MAX - 10); },
-                           {"PackedWeights"}));
+  EXPECT_TRUE(
+      throws_error([&] { w4a8moe::PackedWeights::allocate(SIZE_MAX - 10); }, {"PackedWeights"}));
 }
 
 TEST(HostileShapes, HugeActivationsAreRefused) {
@@ -205,25 +207,25 @@ TEST(HostileShapes, HugeActivationsAreRefused) {
   const void* d = c.x.bytes.data();
   const TensorView ids = c.ids_view(), w = c.topk_weights_view();
   // T x K beyond 2^31 - 1 pairs
-  EXPECT_TRUE(throws_error(call(TensorView::of(d, DType::f32, {kHuge, H}),
-                                TensorView::of(d, DType::i32, {kHuge, 2}),
-                                TensorView::of(d, DType::f32, {kHuge, 2}),
-                                MutableTensorView::of(out.bytes.data(), DType::f32, {kHuge, H})),
-                           {"pairs"}));
+  EXPECT_TRUE(throws_error(
+      call(TensorView::of(d, DType::f32, {kHuge, H}), TensorView::of(d, DType::i32, {kHuge, 2}),
+           TensorView::of(d, DType::f32, {kHuge, 2}),
+           MutableTensorView::of(out.bytes.data(), DType::f32, {kHuge, H})),
+      {"pairs"}));
   // a row stride whose span overflows
-  EXPECT_TRUE(throws_error(call(TensorView::of(d, DType::f32, {24, H}, int64_t{1} << 62), ids, w,
-                                out.view()),
-                           {"x", "address space"}));
+  EXPECT_TRUE(throws_error(
+      call(TensorView::of(d, DType::f32, {24, H}, int64_t{1} << 62), ids, w, out.view()),
+      {"x", "address space"}));
   EXPECT_TRUE(throws_error(
       call(c.x_view(), ids, w,
            MutableTensorView::of(out.bytes.data(), DType::f32, {24, H}, INT64_MAX / 2)),
       {"out", "address space"}));
   // K enormous (T = 1)
-  EXPECT_TRUE(throws_error(call(TensorView::of(d, DType::f32, {1, H}),
-                                TensorView::of(d, DType::i32, {1, kHuge}),
-                                TensorView::of(d, DType::f32, {1, kHuge}),
-                                MutableTensorView::of(out.bytes.data(), DType::f32, {1, H})),
-                           {"topk_ids"}));
+  EXPECT_TRUE(throws_error(
+      call(TensorView::of(d, DType::f32, {1, H}), TensorView::of(d, DType::i32, {1, kHuge}),
+           TensorView::of(d, DType::f32, {1, kHuge}),
+           MutableTensorView::of(out.bytes.data(), DType::f32, {1, H})),
+      {"topk_ids"}));
   EXPECT_EQ(ctx.scratch_bytes(), 0u) << "nothing may be allocated for a refused call";
 }
 
@@ -239,8 +241,8 @@ TEST(HostileShapes, IdsAtTheExtremesAreRefused) {
     EXPECT_TRUE(throws_error(
         [&] {
           w4a8moe::forward(ctx, c.x_view(), TensorView::of(ids.data(), DType::i64, {24, 2}),
-                           c.topk_weights_view(), packed.w13.bytes(), packed.w2.bytes(),
-                           c.params(), out.view());
+                           c.topk_weights_view(), packed.w13.bytes(), packed.w2.bytes(), c.params(),
+                           out.view());
         },
         {"topk_ids", std::to_string(bad), "token 23, slot 1"}));
     EXPECT_EQ(out.bytes, before) << "the output was touched";
@@ -273,12 +275,14 @@ TEST(HostilePointers, NullPointersAreErrors) {
   lw.w2_scale.data = nullptr;
   EXPECT_TRUE(throws_error(
       [&] {
-        w4a8moe::reference_forward(c.x_view(), c.ids_view(), c.topk_weights_view(), lw,
-                                   c.params(), out.view());
+        w4a8moe::reference_forward(c.x_view(), c.ids_view(), c.topk_weights_view(), lw, c.params(),
+                                   out.view());
       },
       {"w2_scale", "null"}));
   EXPECT_TRUE(throws_error(
-      [&] { w4a8moe::quantize_weights(TensorView::of(nullptr, DType::f32, {1, 1, 32}), -1); },
+      [&] {
+        w4a8moe::quantize_weights(TensorView::of(nullptr, DType::f32, {1, 1, 32}), -1);
+      },
       {"w", "null"}));
 }
 
@@ -310,6 +314,23 @@ TEST(HostilePointers, MisalignedViewsGiveTheSameBits) {
                      MutableTensorView::of(out.data() + 1, xd, {T, H}));
     EXPECT_EQ(std::memcmp(out.data() + 1, expected.bytes.data(), expected.bytes.size()), 0)
         << w4a8moe::dtype_name(xd);
+
+    // the packer's inputs, odd bytes off: the same packed bytes
+    const std::vector<uint8_t> w13_scale = shifted(c.w13_scale.bytes, 3),
+                               w13_bias = shifted(c.w13_bias.bytes, 1),
+                               w13_values =
+                                   shifted(std::span(reinterpret_cast<const uint8_t*>(c.w13.data()),
+                                                     c.w13.size()),
+                                           5);
+    auto moved = [](TensorView v, const uint8_t* data) {
+      v.data = data;
+      return v;
+    };
+    const w4a8moe::PackedWeights again = w4a8moe::pack_w13(
+        moved(c.w13_view(), w13_values.data() + 5), moved(c.w13_scale_view(), w13_scale.data() + 3),
+        moved(c.w13_bias_view(), w13_bias.data() + 1), c.pack_options());
+    EXPECT_TRUE(std::equal(again.bytes().begin(), again.bytes().end(), packed.w13.bytes().begin(),
+                           packed.w13.bytes().end()));
   }
 }
 
@@ -349,8 +370,8 @@ class Guarded {
     page_ = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
     const size_t pages = (size_ + page_ - 1) / page_;
     map_bytes_ = (pages + 2) * page_;
-    void* m = ::mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
-                     0);
+    void* m =
+        ::mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) throw std::runtime_error("mmap failed");
     map_ = static_cast<uint8_t*>(m);
     ::mprotect(map_, page_, PROT_NONE);
@@ -405,7 +426,8 @@ TEST(GuardPages, EveryBufferIsReadWithinItsBounds) {
 
       // the packer's inputs
       const TensorView w13v = c.w13_view(), w2v = c.w2_view();
-      const size_t w13_bytes = static_cast<size_t>(w13v.numel()), w2_bytes = static_cast<size_t>(w2v.numel());
+      const size_t w13_bytes = static_cast<size_t>(w13v.numel()),
+                   w2_bytes = static_cast<size_t>(w2v.numel());
       const Guarded w13(std::span(static_cast<const uint8_t*>(w13v.data), w13_bytes), at_end);
       const Guarded w2(std::span(static_cast<const uint8_t*>(w2v.data), w2_bytes), at_end);
       const Guarded s13(c.w13_scale.bytes, at_end), s2(c.w2_scale.bytes, at_end);
@@ -415,9 +437,9 @@ TEST(GuardPages, EveryBufferIsReadWithinItsBounds) {
         return v;
       };
       const auto opt = c.pack_options();
-      const w4a8moe::PackedWeights p13 = w4a8moe::pack_w13(
-          moved(w13v, w13), moved(c.w13_scale_view(), s13),
-          sh.bias ? moved(c.w13_bias_view(), b13) : TensorView{}, opt);
+      const w4a8moe::PackedWeights p13 =
+          w4a8moe::pack_w13(moved(w13v, w13), moved(c.w13_scale_view(), s13),
+                            sh.bias ? moved(c.w13_bias_view(), b13) : TensorView{}, opt);
       const w4a8moe::PackedWeights p2 =
           w4a8moe::pack_w2(moved(w2v, w2), moved(c.w2_scale_view(), s2),
                            sh.bias ? moved(c.w2_bias_view(), b2) : TensorView{}, opt);
