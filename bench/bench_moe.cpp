@@ -1,14 +1,18 @@
 // Google Benchmark suites: the GEMM micro-kernel of every kernel set, and the whole layer of
 // Qwen3-30B-A3B at decode and prefill token counts. Counters report bytes/s of weights touched
-// and int8 MAC/s; the read-bandwidth probe runs first and is printed, so the ratio to the
-// machine's limit can be read off the same run (the `w4a8moe bench` program prints the ratio).
+// and int8 MAC/s, and as of_bandwidth / of_mac_peak their fractions of the machine's limits,
+// measured by probes in the same process before the benchmarks run (the `w4a8moe bench` program
+// measures them between its timed runs instead, which follows a drifting machine more closely).
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "pack/packed_format.hpp"
@@ -19,6 +23,26 @@
 namespace {
 
 using namespace w4a8moe;
+
+// The machine's limits, measured by main() before the benchmarks run: read bandwidth (bytes/s,
+// all threads) and each kernel set's int8 MAC peak (MAC/s, one thread and all threads).
+struct Limits {
+  double bandwidth = 0;
+  std::map<std::string, std::pair<double, double>> peak;
+};
+Limits& limits() {
+  static Limits l;
+  return l;
+}
+
+// value / seconds as a fraction of `limit` (0 when the limit is unknown), a plain counter.
+double fraction_of(double value, double seconds, double limit) {
+  return limit > 0 && seconds > 0 ? value / seconds / limit : 0.0;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 struct Layer {
   cli::SyntheticLayer logical;
@@ -55,7 +79,7 @@ void BM_Layer(benchmark::State& state) {
   for (int r = 0; r < 16; ++r)
     routings.push_back(cli::make_routing(T, p.experts, K, skewed, 100u + static_cast<unsigned>(r)));
   const size_t expert_bytes = L.w13.info().expert_bytes + L.w2.info().expert_bytes;
-  double bytes = 0;
+  double bytes = 0, seconds = 0;
   size_t i = 0;
   for (auto _ : state) {
     state.PauseTiming();
@@ -65,21 +89,25 @@ void BM_Layer(benchmark::State& state) {
     cli::flush_from_caches(L.w13.bytes().data(), L.w13.size());
     cli::flush_from_caches(L.w2.bytes().data(), L.w2.size());
     state.ResumeTiming();
+    const auto t0 = std::chrono::steady_clock::now();
     forward(ctx, TensorView::of(x.data(), DType::f32, {T, H}),
             TensorView::of(rt.ids.data(), DType::i32, {T, K}),
             TensorView::of(rt.weights.data(), DType::f32, {T, K}), L.w13.bytes(), L.w2.bytes(),
             MoeParams{}, MutableTensorView::of(out.data(), DType::f32, {T, H}));
+    seconds += seconds_since(t0);
   }
   state.counters["weight_bytes_per_s"] = benchmark::Counter(bytes, benchmark::Counter::kIsRate);
-  state.counters["mac_per_s"] =
-      benchmark::Counter(static_cast<double>(state.iterations()) * static_cast<double>(T * K) *
-                             3.0 * static_cast<double>(H * p.inter),
-                         benchmark::Counter::kIsRate);
+  const double macs = static_cast<double>(state.iterations()) * static_cast<double>(T * K) * 3.0 *
+                      static_cast<double>(H * p.inter);
+  state.counters["mac_per_s"] = benchmark::Counter(macs, benchmark::Counter::kIsRate);
+  state.counters["of_bandwidth"] = fraction_of(bytes, seconds, limits().bandwidth);
+  state.counters["of_mac_peak"] =
+      fraction_of(macs, seconds, limits().peak[active_kernel_set()].second);
   state.SetLabel(active_kernel_set());
 }
 BENCHMARK(BM_Layer)
-    ->ArgsProduct({{1, 8, 32, 128}, {0}})
-    ->Args({128, 1})
+    ->ArgsProduct({{1, 8, 32, 128, 512}, {0}})
+    ->Args({512, 1})
     ->ArgNames({"tokens", "skewed"})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
@@ -124,13 +152,15 @@ void BM_Gemm(benchmark::State& state, const detail::KernelSet* set) {
   args.n_end = N;
   args.c = c.data();
   args.c_stride = N;
+  const auto t0 = std::chrono::steady_clock::now();
   for (auto _ : state) {
     set->gemm(args);
     benchmark::DoNotOptimize(c.data());
   }
-  state.counters["mac_per_s"] =
-      benchmark::Counter(static_cast<double>(state.iterations()) * static_cast<double>(m * N * K),
-                         benchmark::Counter::kIsRate);
+  const double seconds = seconds_since(t0);
+  const double macs = static_cast<double>(state.iterations()) * static_cast<double>(m * N * K);
+  state.counters["mac_per_s"] = benchmark::Counter(macs, benchmark::Counter::kIsRate);
+  state.counters["of_mac_peak"] = fraction_of(macs, seconds, limits().peak[set->name].first);
 }
 
 const int kRegistered = [] {
@@ -146,14 +176,18 @@ const int kRegistered = [] {
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   const int threads = static_cast<int>(std::thread::hardware_concurrency());
-  const double bw = cli::measure_read_bandwidth(threads);
-  std::printf("read bandwidth probe (%d threads): %.1f GB/s\n", threads, bw / 1e9);
+  Limits& l = limits();
+  l.bandwidth = cli::measure_read_bandwidth(threads);
+  std::printf("read bandwidth probe (%d threads): %.1f GB/s\n", threads, l.bandwidth / 1e9);
   for (const detail::KernelSet& set : detail::kernel_table()) {
     const double one = cli::measure_peak_macs(set.name, 1);
-    if (one > 0)
-      std::printf("int8 MAC peak probe %s: %.1f GMAC/s (1 thread), %.1f GMAC/s (%d threads)\n",
-                  set.name, one / 1e9, cli::measure_peak_macs(set.name, threads) / 1e9, threads);
+    if (one <= 0) continue;
+    const double all = cli::measure_peak_macs(set.name, threads);
+    l.peak[set.name] = {one, all};
+    std::printf("int8 MAC peak probe %s: %.1f GMAC/s (1 thread), %.1f GMAC/s (%d threads)\n",
+                set.name, one / 1e9, all / 1e9, threads);
   }
+  std::printf("of_bandwidth, of_mac_peak: fractions of these limits (BM_Gemm: 1 thread)\n");
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;
