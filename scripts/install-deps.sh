@@ -17,6 +17,11 @@ for arg in "$@"; do
   if [ "$arg" = "--arm" ]; then packages+=(g++-aarch64-linux-gnu qemu-user googletest); fi
 done
 # ---- end Arm
+# ---- reliability (issue 6): --reliability adds clang and its runtimes (libFuzzer, sanitizers)
+for arg in "$@"; do
+  if [ "$arg" = "--reliability" ]; then packages+=(clang libclang-rt-14-dev); fi
+done
+# ---- end reliability
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

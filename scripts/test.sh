@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every test: install what is missing, build everything with warnings as errors, run CTest,
-# then the PyTorch binding's pytest suite (torch stage).
+# then the PyTorch binding's pytest suite (torch stage), the Arm stage and the reliability stages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh --torch
@@ -32,3 +32,10 @@ arm_stage() {
 }
 arm_stage
 # ---- end Arm stage
+
+# ---- reliability stages (issue 6): AddressSanitizer + UBSan build of everything, its tests
+# under every kernel set, ThreadSanitizer on the threaded forward pass, libFuzzer harnesses
+# (60 s each); see scripts/reliability.sh and README "Sanitizers and fuzzing".
+scripts/install-deps.sh --reliability
+scripts/reliability.sh
+# ---- end reliability stages
