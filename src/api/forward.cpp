@@ -1,12 +1,13 @@
 // The forward driver: routing, scheduling and threads around the micro-kernels.
 //
-// Per chunk of tokens (chunks bound the scratch memory), four phases separated by barriers:
+// Per chunk of tokens (chunks bound the scratch memory), three phases separated by barriers:
 //   0. quantize each token's activations once (once per (token, slot) when the router weight is
 //      applied on the input), and counting-sort the (token, slot) pairs by expert;
 //   1. tasks = (expert x slice of I): gate and up rows of the slice for all of the expert's pairs,
-//      in tiles of tile_m rows sharing each unpacked weight block, then the activation;
-//   2. requantize each pair's intermediate row (the whole row: it spans the slices of phase 1);
-//   3. tasks = slices of H: for every expert in ascending order and its pairs, the down rows of
+//      in tiles of tile_m rows sharing each unpacked weight block, then the activation; the
+//      thread that completes an expert's last slice requantizes its pairs' intermediate rows
+//      (each row spans every slice, and its int8 scale depends on the whole row);
+//   2. tasks = slices of H: for every expert in ascending order and its pairs, the down rows of
 //      the slice, weighted and summed into the token's f32 accumulator, then converted to out.
 // Tasks are claimed dynamically. Every output element is summed in one fixed order (experts
 // ascending, then slots ascending), so the result is bit-identical for any thread count.
@@ -33,7 +34,7 @@ namespace {
 // Slices are multiples of every layout's panel height (16 at most).
 constexpr int64_t kSliceI = 64;                     // rows of gate (and of up) per phase-1 task
 constexpr int64_t kSliceH = 64;                     // rows of down per phase-3 task
-constexpr int64_t kQuantBatch = 8;                  // rows per claim in the quantization phases
+constexpr int64_t kQuantBatch = 8;                  // rows per claim in phase 0
 constexpr size_t kChunkScratch = size_t{64} << 20;  // target scratch bytes per chunk
 
 // The rows [begin, end) of one expert in ceil(n / tile) tiles whose sizes differ by at most one:
@@ -62,6 +63,7 @@ struct Scratch {
   int32_t* order = nullptr;   // pair indices sorted by expert
   int32_t* begin = nullptr;   // [E + 1] start of each expert in order
   int32_t* active = nullptr;  // experts with pairs, ascending
+  int32_t* done = nullptr;    // per active expert: slices of phase 1 finished (atomic_ref)
   float* m = nullptr;         // intermediate rows, m_stride floats each
   uint8_t* qm = nullptr;      // requantized intermediate rows, qm_stride bytes each
   QuantRow* qm_rows = nullptr;
@@ -139,7 +141,7 @@ struct Problem {
 };
 
 struct Layout {
-  size_t qx, qx_rows, order, begin, active, m, qm, qm_rows, acc, thread_buf, total;
+  size_t qx, qx_rows, order, begin, active, done, m, qm, qm_rows, acc, thread_buf, total;
   Scratch scratch;
 };
 
@@ -172,6 +174,7 @@ Layout plan(const Problem& p, int64_t chunk, int threads) {
   l.order = take(pairs * 4);
   l.begin = take(static_cast<size_t>(p.s.experts + 1) * 4);
   l.active = take(static_cast<size_t>(p.s.experts) * 4);
+  l.done = take(static_cast<size_t>(p.s.experts) * 4);
   l.m = take(checked_mul(pairs, s.m_stride * 4));
   l.qm = take(checked_mul(pairs, s.qm_stride));
   l.qm_rows = take(pairs * sizeof(QuantRow));
@@ -188,6 +191,7 @@ void bind(Layout& l, uint8_t* base) {
   s.order = reinterpret_cast<int32_t*>(base + l.order);
   s.begin = reinterpret_cast<int32_t*>(base + l.begin);
   s.active = reinterpret_cast<int32_t*>(base + l.active);
+  s.done = reinterpret_cast<int32_t*>(base + l.done);
   s.m = reinterpret_cast<float*>(base + l.m);
   s.qm = base + l.qm;
   s.qm_rows = reinterpret_cast<QuantRow*>(base + l.qm_rows);
@@ -208,8 +212,6 @@ class Worker {
       quantize_inputs(tid, t0, tokens, counter(tid, phase++));
       pool_.barrier();
       gate_up(tid, tokens, counter(tid, phase++));
-      pool_.barrier();
-      requantize(tokens, counter(tid, phase++));
       pool_.barrier();
       down(tid, t0, tokens, counter(tid, phase++));
       pool_.barrier();
@@ -243,6 +245,7 @@ class Worker {
       s_.begin[e + 1] += s_.begin[e];
     }
     active_count_ = n_active;
+    std::fill(s_.done, s_.done + n_active, 0);
     // Stable placement: pairs ascending within an expert. begin[e] serves as the cursor of
     // expert e, ending at the start of e + 1; shifting by one restores the starts.
     for (int64_t i = 0; i < pairs; ++i) {
@@ -351,25 +354,28 @@ class Worker {
           p_.set->activate(*p_.params, cg + r * kSliceI, cu + r * kSliceI, dst, i1 - i0);
         }
       }
+      // The last slice of this expert to finish (acq_rel: its thread sees every other slice's
+      // rows) requantizes the expert's rows, so down needs no separate phase and barrier.
+      if (std::atomic_ref<int32_t>(s_.done[task / slices]).fetch_add(1, std::memory_order_acq_rel) +
+              1 ==
+          slices)
+        requantize_expert(e);
       task = following;
     }
   }
 
-  void requantize(int64_t tokens, std::atomic<int64_t>& next) {
-    const int64_t pairs = tokens * p_.s.top_k;
-    for (;;) {
-      const int64_t r0 = next.fetch_add(kQuantBatch, std::memory_order_relaxed);
-      if (r0 >= pairs) break;
-      for (int64_t r = r0; r < std::min(pairs, r0 + kQuantBatch); ++r) {
-        QuantizeArgs q;
-        q.src = s_.m + static_cast<size_t>(r) * s_.m_stride;
-        q.cols = p_.s.inter;
-        q.cols_padded = p_.w2->cols_padded;
-        q.group_len = p_.w2->group_len;
-        q.dst = s_.qm + static_cast<size_t>(r) * s_.qm_stride;
-        q.row = &s_.qm_rows[r];
-        p_.set->quantize(q);
-      }
+  // The intermediate rows of expert e's pairs, quantized for down.
+  void requantize_expert(int32_t e) {
+    for (int32_t j = s_.begin[e]; j < s_.begin[e + 1]; ++j) {
+      const size_t r = static_cast<size_t>(s_.order[j]);
+      QuantizeArgs q;
+      q.src = s_.m + r * s_.m_stride;
+      q.cols = p_.s.inter;
+      q.cols_padded = p_.w2->cols_padded;
+      q.group_len = p_.w2->group_len;
+      q.dst = s_.qm + r * s_.qm_stride;
+      q.row = &s_.qm_rows[r];
+      p_.set->quantize(q);
     }
   }
 
