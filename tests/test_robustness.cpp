@@ -143,6 +143,24 @@ TEST_F(HostileData, ZeroScalesGiveTheContractsFiniteResult) {
   for (const float v : run(c).to_float()) ASSERT_EQ(v, 0.0f);
 }
 
+// Float weights handed to quantize_weights (the step before packing): NaN or Inf anywhere, in
+// any float dtype, is refused naming the element, never turned into int4 values or a scale.
+TEST_F(HostileData, NanOrInfInFloatWeightsIsRefusedByTheQuantizer) {
+  const int64_t E = 2, N = 4, K = 64;
+  for (const DType dtype : {DType::f32, DType::bf16, DType::f16})
+    for (const float bad : {kNan, kInf, -kInf})
+      for (const int64_t at : {int64_t{0}, int64_t{77}, E * N * K - 1}) {
+        std::vector<float> values(static_cast<size_t>(E * N * K), 0.25f);
+        values[static_cast<size_t>(at)] = bad;
+        const moe_test::FloatTensor w = moe_test::make_float_tensor(values, dtype);
+        const TensorView v = TensorView::of(w.bytes.data(), dtype, {E, N, K});
+        for (const int group : {-1, 32})
+          EXPECT_TRUE(throws_error([&] { w4a8moe::quantize_weights(v, group); },
+                                   {"w", "finite", "flat index " + std::to_string(at)}))
+              << w4a8moe::dtype_name(dtype) << " " << bad << " at " << at << " group " << group;
+      }
+}
+
 // ---- huge dimensions ---------------------------------------------------------------------------
 
 // Views of a few real bytes that claim enormous shapes: every call must refuse them before it
