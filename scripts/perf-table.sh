@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Reproduces the README's performance table: `w4a8moe bench` for every x86 kernel set this CPU
 # has and tokens 1, 8, 32, 128, 512 (Qwen3-30B-A3B, group 32, bf16 scales, f32 x, uniform
-# routing, all threads), printing one markdown row per run. Each row's ratios come from probes
-# run between that run's timed forwards. Usage: scripts/perf-table.sh [extra bench options]
+# routing, all threads) plus 512 with skewed routing, printing one markdown row per run. Each
+# row's ratios come from probes run between that run's timed forwards.
+# Usage: scripts/perf-table.sh [extra bench options]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -13,13 +14,17 @@ echo "| kernel set | tokens | median ms | tokens/s | weight GB/s | of read bandw
 echo "|---|---|---|---|---|---|---|---|"
 for isa in $sets; do
   [ "$isa" = scalar ] && continue
-  for t in 1 8 32 128 512; do
-    W4A8MOE_ISA=$isa ./build/w4a8moe bench --tokens "$t" --repeat 10 --json "$@" 2>/dev/null |
+  for point in 1 8 32 128 512 512:skewed; do
+    t=${point%%:*} routing=uniform
+    [ "$point" != "$t" ] && routing=skewed
+    W4A8MOE_ISA=$isa ./build/w4a8moe bench --tokens "$t" --routing "$routing" --repeat 10 --json \
+      "$@" 2>/dev/null |
       python3 -c '
 import json, sys
 j = json.loads(sys.stdin.read())
-print("| %s | %d | %.2f | %.0f | %.1f | %.0f%% | %.1f | %.0f%% |" % (
-    j["kernel_set"], j["tokens"], j["median_ms"], j["tokens_per_s"], j["weight_gb_per_s"],
-    100 * j["bandwidth_fraction"], j["gmac_per_s"], 100 * j["mac_fraction"]))'
+tokens = str(j["tokens"]) + ("" if sys.argv[1] == "uniform" else " (skewed)")
+print("| %s | %s | %.2f | %.0f | %.1f | %.0f%% | %.1f | %.0f%% |" % (
+    j["kernel_set"], tokens, j["median_ms"], j["tokens_per_s"], j["weight_gb_per_s"],
+    100 * j["bandwidth_fraction"], j["gmac_per_s"], 100 * j["mac_fraction"]))' "$routing"
   done
 done
