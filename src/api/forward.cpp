@@ -22,6 +22,7 @@
 #include "api/validate.hpp"
 #include "common/checked_math.hpp"
 #include "common/format.hpp"
+#include "common/large_alloc.hpp"
 #include "common/numeric.hpp"
 #include "registry.hpp"
 #include "thread_pool.hpp"
@@ -84,12 +85,12 @@ struct Context::Impl {
   uint8_t* reserve(size_t bytes) {
     if (bytes > arena_bytes) {
       arena.reset();
-      auto* p = static_cast<uint8_t*>(std::aligned_alloc(64, detail::align64(bytes)));
+      auto* p = static_cast<uint8_t*>(detail::large_alloc(bytes, 64));
       if (p == nullptr)  // issue 6: a message, not std::bad_alloc
         throw Error(detail::cat("context: cannot allocate ", detail::align64(bytes),
                                 " bytes of scratch memory"));
       arena.reset(p);
-      arena_bytes = detail::align64(bytes);
+      arena_bytes = detail::align64(bytes);  // in use; the allocation may round up to 2 MiB
     }
     return arena.get();
   }

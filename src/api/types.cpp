@@ -3,6 +3,7 @@
 #include <new>
 
 #include "common/format.hpp"
+#include "common/large_alloc.hpp"
 #include "pack/packed_format.hpp"
 #include "w4a8moe/w4a8moe.hpp"
 
@@ -118,10 +119,9 @@ void PackedWeights::Free::operator()(uint8_t* p) const noexcept { std::free(p); 
 
 PackedWeights PackedWeights::allocate(size_t bytes) {
   PackedWeights w;
-  const size_t rounded = (bytes + detail::kAlign - 1) / detail::kAlign * detail::kAlign;
-  if (rounded < bytes) throw Error("PackedWeights: size overflow");
-  auto* p = static_cast<uint8_t*>(
-      std::aligned_alloc(detail::kAlign, rounded == 0 ? detail::kAlign : rounded));
+  const size_t rounded = detail::large_alloc_size(bytes, detail::kAlign);
+  if (rounded == 0) throw Error("PackedWeights: size overflow");
+  auto* p = static_cast<uint8_t*>(detail::large_alloc(bytes, detail::kAlign));
   if (p == nullptr)  // issue 6: a message naming the need, not std::bad_alloc
     throw Error(detail::cat("PackedWeights: cannot allocate ", rounded, " bytes"));
   std::fill(p, p + rounded, uint8_t{0});
