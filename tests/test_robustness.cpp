@@ -513,7 +513,7 @@ size_t documented_scratch(const CaseSpec& s, int64_t chunk, int threads) {
   total += a64(4 * pairs) + a64(4 * (s.experts + 1)) + 2 * a64(4 * s.experts);
   total += static_cast<size_t>(pairs) * (a64(4 * ip) + a64(ip + 4 * gi)) + a64(32 * pairs);
   total += a64(4 * chunk * s.hidden);
-  total += static_cast<size_t>(threads) * a64(tile * 64 * 2 * 4 + 4 * s.hidden);
+  total += static_cast<size_t>(threads) * a64(tile * 256 * 4 + 4 * s.hidden);
   return total;
 }
 
