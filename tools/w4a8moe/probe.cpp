@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/large_alloc.hpp"
 #include "w4a8moe/w4a8moe.hpp"
 
 namespace w4a8moe::cli {
@@ -18,7 +19,7 @@ namespace {
 
 struct Buffer {
   explicit Buffer(size_t bytes)
-      : data(static_cast<uint64_t*>(std::aligned_alloc(4096, bytes))), words(bytes / 8) {
+      : data(static_cast<uint64_t*>(detail::large_alloc(bytes, 4096))), words(bytes / 8) {
     if (!data) throw std::bad_alloc();
     for (size_t i = 0; i < words; ++i) data[i] = i;  // touch every page
   }
@@ -33,6 +34,7 @@ uint64_t sum_range(const uint64_t* p, size_t n) {
   uint64_t a = 0, b = 0, c = 0, d = 0;
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
+    __builtin_prefetch(p + i + 256);  // 2 KiB ahead, as the kernels prefetch their next weights
     a += p[i] + p[i + 4];
     b += p[i + 1] + p[i + 5];
     c += p[i + 2] + p[i + 6];
