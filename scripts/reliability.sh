@@ -37,8 +37,9 @@ asan_stage() {
   cmake -S . -B build-test-asan -DW4A8MOE_SANITIZE=address,undefined "${common[@]}" >/dev/null
   cmake --build build-test-asan -j"$jobs"
   # Every test under every kernel set, except the 24 largest cases of Forward/OriginalGrid
-  # (H = 2048): those only under this machine's best set. They are 60% of the stage's time, and
-  # the smaller shapes already cross every tile and panel edge; only their size differs.
+  # (H = 2048): those only under this machine's best set. Under the other three sets they took
+  # 5 of the 8 minutes of tests (2 cores), and the smaller shapes already cross every tile and
+  # panel edge; only their size differs.
   local best others
   best="$(build-test-asan/w4a8moe check | sed -n 's/^active kernel set: //p')"
   others="$(build-test-asan/w4a8moe check | sed -n 's/^kernel sets: //p' | tr -d ' ' |
