@@ -413,7 +413,18 @@ TEST_F(CtMalformed, ConfigProblems) {
   { std::ofstream(folder + "/config.json") << "{\"model_type\": "; }
   EXPECT_THAT(error_of([&] { io::open_layer(folder, 0, {}); }),
               HasSubstr("config.json is not valid JSON"));
+  // a number beyond a double's range (nlohmann throws out_of_range, not parse_error)
+  { std::ofstream(folder + "/config.json") << "{\"model_type\": \"qwen3_moe\", \"x\": 1E400}"; }
+  EXPECT_THAT(error_of([&] { io::open_layer(folder, 0, {}); }),
+              HasSubstr("config.json is not valid JSON (a number out of range)"));
+  {
+    std::ofstream(folder + "/model.safetensors.index.json")
+        << "{\"weight_map\": {}, \"n\": -1e999}";
+  }
   { std::ofstream(folder + "/config.json") << "{\"model_type\": \"qwen3_moe\"}"; }
+  EXPECT_THAT(error_of([&] { io::open_layer(folder, 0, {}); }),
+              HasSubstr("model.safetensors.index.json is not valid JSON (a number out of range)"));
+  std::filesystem::remove(folder + "/model.safetensors.index.json");
   EXPECT_THAT(error_of([&] { io::open_layer(folder, 0, {}); }),
               HasSubstr("neither model.safetensors nor model.safetensors.index.json"));
   EXPECT_THAT(error(base(),

@@ -306,6 +306,8 @@ void CompressedTensorsLayer::read_config() {
     root = json::parse(in);
   } catch (const json::parse_error& e) {
     fail(cat("config.json is not valid JSON (error at byte ", e.byte, ")"));
+  } catch (const json::exception&) {  // out_of_range: a number such as 1E400
+    fail("config.json is not valid JSON (a number out of range)");
   }
   if (!root.is_object()) fail("config.json is not a JSON object");
   config_ = root;
@@ -330,6 +332,8 @@ void CompressedTensorsLayer::read_index() {
       j = json::parse(in);
     } catch (const json::parse_error& e) {
       fail(cat("model.safetensors.index.json is not valid JSON (error at byte ", e.byte, ")"));
+    } catch (const json::exception&) {  // out_of_range: a number such as 1E400
+      fail("model.safetensors.index.json is not valid JSON (a number out of range)");
     }
     const auto map = j.find("weight_map");
     if (!j.is_object() || map == j.end() || !map->is_object())
