@@ -43,7 +43,6 @@ void tile(const GemmArgs& args, int64_t n0) {
   const int64_t first_panel = n0 / kPanel;
   const uint8_t* w = args.expert + g.weights_offset + first_panel * panel_bytes;
   const uint8_t* scales = args.expert + g.scales_offset;
-  const bool channelwise = g.group_size < 0;
   const uint8x16_t low4 = vdupq_n_u8(0x0f);
 
   const int8_t* q[M];
@@ -96,39 +95,10 @@ void tile(const GemmArgs& args, int64_t n0) {
           sum[m][p][1] = vaddq_s32(sum[m][p][1], row_sums(acc[m][p][2], acc[m][p][3]));
         }
     }
-    if (!channelwise) {
-      for (int p = 0; p < NP; ++p)
-        for (int h = 0; h < 2; ++h) {
-          const float32x4_t s = load_scales4(scales, g.scale_dtype,
-                                             ((first_panel + p) * g.groups + b) * kPanel + 4 * h);
-          for (int m = 0; m < M; ++m)
-            facc[m][p][h] = vfmaq_f32(facc[m][p][h], vcvtq_f32_s32(sum[m][p][h]), s);
-        }
-    }
+    scale_group<M, NP>(g, scales, first_panel, b, sum, facc);
   }
 
-  for (int p = 0; p < NP; ++p)
-    for (int h = 0; h < 2; ++h) {
-      const int64_t n = n0 + p * kPanel + 4 * h;
-      const uint8_t* corr = args.expert + g.correction_offset + n * 4;
-      const float32x4_t bias = load_bias4(g, args.expert, n);
-      float* out = args.c + (n - args.n_begin);
-      if (channelwise) {
-        const int32x4_t wsum = vld1q_s32(reinterpret_cast<const int32_t*>(corr));
-        const float32x4_t s =
-            load_scales4(scales, g.scale_dtype, (first_panel + p) * kPanel + 4 * h);
-        for (int m = 0; m < M; ++m)
-          vst1q_f32(out + m * args.c_stride,
-                    finish_channelwise(sum[m][p][h], vdupq_n_s32(args.a[m].zp),
-                                       vdupq_n_f32(args.a[m].recip), wsum, s, bias));
-      } else {
-        const float32x4_t zsum = vld1q_f32(reinterpret_cast<const float*>(corr));
-        for (int m = 0; m < M; ++m)
-          vst1q_f32(out + m * args.c_stride,
-                    finish_groupwise(facc[m][p][h], vdupq_n_f32(static_cast<float>(args.a[m].zp)),
-                                     vdupq_n_f32(args.a[m].recip), zsum, bias));
-      }
-    }
+  store_tile<M, NP>(args, n0, sum, facc);
 }
 
 template <int M, int NP>
