@@ -168,8 +168,11 @@ void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
     } else {
       const __m512 zsum = _mm512_loadu_ps(reinterpret_cast<const float*>(corr) + p * kPanel);
       for (int m = 0; m < M; ++m) {
-        const __m512 sum = kSumsInMemory ? _mm512_load_ps(fmem[kSumsInMemory ? m : 0][p])
-                                         : facc[kSumsInMemory ? 0 : m][p];
+        __m512 sum;
+        if constexpr (kSumsInMemory)
+          sum = _mm512_load_ps(fmem[m][p]);
+        else
+          sum = facc[m][p];
         const __m512 v =
             _mm512_fnmadd_ps(_mm512_set1_ps(static_cast<float>(args.a[m].zp)), zsum, sum);
         _mm512_storeu_ps(args.c + m * args.c_stride + (n0 - args.n_begin) + p * kPanel,
