@@ -5,7 +5,10 @@
 #define W4A8MOE_YMM_VNNI 0
 #include <immintrin.h>
 
+#include <array>
+#include <cassert>
 #include <cstring>
+#include <utility>
 
 #include "kernels/common/activation_vec.hpp"
 #include "kernels/common/prefetch.hpp"

@@ -7,14 +7,14 @@
 namespace w4a8moe::detail {
 
 namespace avxvnni {
-inline constexpr int64_t kTileM = 5;  // 10 vpdpbusd chains: enough in flight for peak
+inline constexpr int kTileM = 10;  // 10 vpdpbusd chains (enough in flight for peak), 15 ymm
 void quantize_qa8(const QuantizeArgs& args);
 void gemm_qa8_qu4p8(const GemmArgs& args);
 void activate(const MoeParams& params, const float* gate, const float* up, float* m, int64_t n);
 }  // namespace avxvnni
 
 namespace avx2 {
-inline constexpr int64_t kTileM = 5;
+inline constexpr int kTileM = 5;  // 5 rows: 80% of its peak hot (8 rows: 74%, more spills)
 void quantize_qa8(const QuantizeArgs& args);
 void gemm_qa8_qu4p8(const GemmArgs& args);
 void activate(const MoeParams& params, const float* gate, const float* up, float* m, int64_t n);
