@@ -3,6 +3,7 @@
 // evaluation of the GEMM formula, on shapes around panel and tile edges and extreme values.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -209,6 +210,63 @@ TEST(KernelGemm, EverySetMatchesTheFormulaAroundTileEdges) {
             }
           }
         }
+      }
+    }
+  }
+}
+
+// The kernel contract (kernel.hpp): a row's result does not depend on which other rows share its
+// call, so that the forward pass is bit-identical whatever the tiling. Every set's calls of every
+// size (register tiles and, on avx512vnni, the wide tiles above 16 rows) must give each row the
+// bits it gets alone.
+TEST(KernelGemm, EveryRowGetsTheSameBitsWhateverItsCallSize) {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> wi(-8, 7);
+  std::uniform_real_distribution<float> sd(0.5f, 1.5f);
+  const int64_t rows = 48, cols = 256;
+  for (const KernelSet* set : usable_sets()) {
+    for (const int64_t group : {int64_t{32}, int64_t{128}, int64_t{-1}}) {
+      SCOPED_TRACE(std::string(set->name) + " group " + std::to_string(group));
+      const int64_t groups = group < 0 ? 1 : cols / group;
+      std::vector<int8_t> w(static_cast<size_t>(rows * cols));
+      for (auto& v : w) v = static_cast<int8_t>(wi(rng));
+      std::vector<float> s(static_cast<size_t>(rows * groups));
+      for (auto& v : s) v = sd(rng) / static_cast<float>(cols);
+      PackOptions po;
+      po.group_size = group;
+      po.kernel_set = set->name;
+      const TensorView sv = group < 0 ? TensorView::of(s.data(), DType::f32, {1, rows})
+                                      : TensorView::of(s.data(), DType::f32, {1, rows, groups});
+      const PackedWeights packed =
+          pack_w2(TensorView::of(w.data(), DType::i8, {1, rows, cols}), sv, {}, po);
+      const detail::Geometry g = detail::read_geometry(packed.bytes(), "test");
+      const int64_t total = set->tile_m;
+      std::vector<QRowBuffer> buffers;
+      std::vector<QuantRow> a;
+      for (int64_t r = 0; r < total; ++r)
+        buffers.push_back(quantize(*set, random_row(rng, cols, static_cast<int>(r % 6)),
+                                   g.cols_padded, g.group_len));
+      for (auto& b : buffers) a.push_back(b.row);
+      // all rows [r0, r0 + m) in one call, into out at their own row
+      auto run = [&](int64_t r0, int64_t m, std::vector<float>& out) {
+        detail::GemmArgs args;
+        args.m = m;
+        args.a = a.data() + r0;
+        args.expert = packed.bytes().data() + detail::kHeaderBytes;
+        args.geometry = &g;
+        args.n_begin = 0;
+        args.n_end = rows;
+        args.c = out.data() + r0 * rows;
+        args.c_stride = rows;
+        set->gemm(args);
+      };
+      std::vector<float> alone(static_cast<size_t>(total * rows));
+      for (int64_t r = 0; r < total; ++r) run(r, 1, alone);
+      for (int64_t size = 2; size <= total; ++size) {
+        std::vector<float> together(alone.size(), NAN);
+        for (int64_t r0 = 0; r0 < total; r0 += size) run(r0, std::min(size, total - r0), together);
+        ASSERT_EQ(std::memcmp(together.data(), alone.data(), alone.size() * 4), 0)
+            << "calls of " << size << " rows";
       }
     }
   }
