@@ -1,6 +1,7 @@
 // Kernel-level tests generated from the registry: every kernel set usable on this CPU (adding
 // a set to the table adds its tests) against the portable quantizer and a double-precision
-// evaluation of the GEMM formula, on shapes around panel and tile edges and extreme values.
+// evaluation of the GEMM formula, on shapes around panel and tile edges and extreme values, and
+// against exact integer sums where float can represent them.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -267,6 +268,102 @@ TEST(KernelGemm, EveryRowGetsTheSameBitsWhateverItsCallSize) {
         for (int64_t r0 = 0; r0 < total; r0 += size) run(r0, std::min(size, total - r0), together);
         ASSERT_EQ(std::memcmp(together.data(), alone.data(), alone.size() * 4), 0)
             << "calls of " << size << " rows";
+      }
+    }
+  }
+}
+
+// Integer accumulators compared exactly: with unit scales, recip 1 and no bias, every kernel's
+// f32 output is an integer-valued sum that float represents exactly (|sum| < 2^24), so each set
+// must give SUM_k (q[k] - zp) * w[n,k] to the last bit, at the extremes of both operands (q at
+// -128 and 127 with zero points 0, -128 and 127; weights at -8 and 7), around tile and panel
+// edges, up to K = 8192 (255 * 8 * 8192 < 2^24: the largest K at which the test can be exact).
+TEST(KernelGemm, IntegerSumsAreExactAtTheExtremes) {
+  std::mt19937 rng(17);
+  std::uniform_int_distribution<int> wi(-8, 7), qi(-128, 127);
+  struct Shape {
+    int64_t cols, group;
+  };
+  const int64_t rows = 40;  // 2.5 panels of 16, 5 of 8
+  for (const KernelSet* set : usable_sets()) {
+    for (const Shape sh : {Shape{32, 32}, Shape{96, 32}, Shape{8192, 32}, Shape{8192, 128},
+                           Shape{256, -1}, Shape{8192, -1}}) {
+      SCOPED_TRACE(std::string(set->name) + " cols " + std::to_string(sh.cols) + " group " +
+                   std::to_string(sh.group));
+      const int64_t groups = sh.group < 0 ? 1 : sh.cols / sh.group;
+      std::vector<int8_t> w(static_cast<size_t>(rows * sh.cols));
+      for (int64_t n = 0; n < rows; ++n)
+        for (int64_t k = 0; k < sh.cols; ++k) {
+          const int pattern = static_cast<int>(n % 4);
+          w[static_cast<size_t>(n * sh.cols + k)] =
+              static_cast<int8_t>(pattern == 0   ? -8
+                                  : pattern == 1 ? 7
+                                  : pattern == 2 ? (k % 2 ? 7 : -8)
+                                                 : wi(rng));
+        }
+      std::vector<float> ones(static_cast<size_t>(rows * groups), 1.0f);
+      PackOptions po;
+      po.group_size = sh.group;
+      po.kernel_set = set->name;
+      const TensorView sv = sh.group < 0
+                                ? TensorView::of(ones.data(), DType::f32, {1, rows})
+                                : TensorView::of(ones.data(), DType::f32, {1, rows, groups});
+      const PackedWeights packed =
+          pack_w2(TensorView::of(w.data(), DType::i8, {1, rows, sh.cols}), sv, {}, po);
+      const detail::Geometry g = detail::read_geometry(packed.bytes(), "test");
+
+      // rows made by hand in the quantizers' format: int8 q, then -8 * SUM q per group
+      const int64_t m = set->tile_m;
+      std::vector<std::vector<int32_t>> storage;
+      std::vector<QuantRow> a;
+      for (int64_t r = 0; r < m; ++r) {
+        storage.emplace_back(static_cast<size_t>(g.cols_padded / 4 + g.groups + 16), 0);
+        auto* q = reinterpret_cast<int8_t*>(storage.back().data());
+        const int pattern = static_cast<int>(r % 4);
+        for (int64_t k = 0; k < g.cols_padded; ++k)
+          q[k] = static_cast<int8_t>(pattern == 0   ? 127
+                                     : pattern == 1 ? -128
+                                     : pattern == 2 ? (k % 2 ? 127 : -128)
+                                                    : qi(rng));
+        QuantRow row;
+        row.data = q;
+        row.recip = 1.0f;
+        row.zp = r % 3 == 0 ? 0 : (r % 3 == 1 ? -128 : 127);
+        if (set->group_terms) {
+          auto* terms = reinterpret_cast<int32_t*>(q + g.cols_padded);
+          for (int64_t b = 0; b < g.groups; ++b) {
+            int32_t sum = 0;
+            for (int64_t k = b * g.group_len; k < (b + 1) * g.group_len; ++k) sum += q[k];
+            terms[b] = -8 * sum;
+          }
+          row.group_terms = terms;
+        }
+        a.push_back(row);
+      }
+      for (int64_t size : {int64_t{1}, m}) {
+        const int64_t width = (rows + 15) / 16 * 16;
+        std::vector<float> out(static_cast<size_t>(size * width), NAN);
+        detail::GemmArgs args;
+        args.m = size;
+        args.a = a.data() + (m - size);
+        args.expert = packed.bytes().data() + detail::kHeaderBytes;
+        args.geometry = &g;
+        args.n_begin = 0;
+        args.n_end = rows;
+        args.c = out.data();
+        args.c_stride = width;
+        set->gemm(args);
+        for (int64_t r = 0; r < size; ++r) {
+          const QuantRow& row = a[static_cast<size_t>(m - size + r)];
+          const auto* q = static_cast<const int8_t*>(row.data);
+          for (int64_t n = 0; n < rows; ++n) {
+            int64_t want = 0;
+            for (int64_t k = 0; k < sh.cols; ++k)
+              want += (int64_t{q[k]} - row.zp) * w[static_cast<size_t>(n * sh.cols + k)];
+            ASSERT_EQ(out[static_cast<size_t>(r * width + n)], static_cast<float>(want))
+                << "rows " << size << ", row " << r << " (zp " << row.zp << "), output " << n;
+          }
+        }
       }
     }
   }
