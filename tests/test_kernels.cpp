@@ -49,6 +49,22 @@ QRowBuffer quantize(const KernelSet& set, const std::vector<float>& a, int64_t c
   return b;
 }
 
+// One GEMM call of `set`: rows a[0..m) against padded output rows [n0, n1) of the packed
+// expert, into out[i * stride + (n - n0)].
+void gemm(const KernelSet& set, const PackedWeights& packed, const detail::Geometry& g,
+          const QuantRow* a, int64_t m, int64_t n0, int64_t n1, float* out, int64_t stride) {
+  detail::GemmArgs args;
+  args.m = m;
+  args.a = a;
+  args.expert = packed.bytes().data() + detail::kHeaderBytes;
+  args.geometry = &g;
+  args.n_begin = n0;
+  args.n_end = n1;
+  args.c = out;
+  args.c_stride = stride;
+  set.gemm(args);
+}
+
 std::vector<float> random_row(std::mt19937& rng, int64_t n, int kind) {
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> a(static_cast<size_t>(n));
@@ -181,16 +197,7 @@ TEST(KernelGemm, EverySetMatchesTheFormulaAroundTileEdges) {
             if (n0 >= n1) continue;
             const int64_t width = (n1 - n0 + 15) / 16 * 16;
             std::vector<float> out(static_cast<size_t>(m * width), NAN);
-            detail::GemmArgs args;
-            args.m = m;
-            args.a = a.data();
-            args.expert = packed.bytes().data() + detail::kHeaderBytes;
-            args.geometry = &g;
-            args.n_begin = n0;
-            args.n_end = n1;
-            args.c = out.data();
-            args.c_stride = width;
-            set->gemm(args);
+            gemm(*set, packed, g, a.data(), m, n0, n1, out.data(), width);
             for (int64_t r = 0; r < m; ++r) {
               for (int64_t n = n0; n < n1; ++n) {
                 const int64_t logical = part * g.part_rows + (n - begin);
@@ -250,16 +257,7 @@ TEST(KernelGemm, EveryRowGetsTheSameBitsWhateverItsCallSize) {
       for (auto& b : buffers) a.push_back(b.row);
       // all rows [r0, r0 + m) in one call, into out at their own row
       auto run = [&](int64_t r0, int64_t m, std::vector<float>& out) {
-        detail::GemmArgs args;
-        args.m = m;
-        args.a = a.data() + r0;
-        args.expert = packed.bytes().data() + detail::kHeaderBytes;
-        args.geometry = &g;
-        args.n_begin = 0;
-        args.n_end = rows;
-        args.c = out.data() + r0 * rows;
-        args.c_stride = rows;
-        set->gemm(args);
+        gemm(*set, packed, g, a.data() + r0, m, 0, rows, out.data() + r0 * rows, rows);
       };
       std::vector<float> alone(static_cast<size_t>(total * rows));
       for (int64_t r = 0; r < total; ++r) run(r, 1, alone);
@@ -343,16 +341,7 @@ TEST(KernelGemm, IntegerSumsAreExactAtTheExtremes) {
       for (int64_t size : {int64_t{1}, m}) {
         const int64_t width = (rows + 15) / 16 * 16;
         std::vector<float> out(static_cast<size_t>(size * width), NAN);
-        detail::GemmArgs args;
-        args.m = size;
-        args.a = a.data() + (m - size);
-        args.expert = packed.bytes().data() + detail::kHeaderBytes;
-        args.geometry = &g;
-        args.n_begin = 0;
-        args.n_end = rows;
-        args.c = out.data();
-        args.c_stride = width;
-        set->gemm(args);
+        gemm(*set, packed, g, a.data() + (m - size), size, 0, rows, out.data(), width);
         for (int64_t r = 0; r < size; ++r) {
           const QuantRow& row = a[static_cast<size_t>(m - size + r)];
           const auto* q = static_cast<const int8_t*>(row.data);
