@@ -236,7 +236,7 @@ int bench_command(const BenchOptions& o) {
 
   // The machine's limits are probed between the timed runs, so that the limit and the product
   // are measured in the same moments even when the machine's load drifts (it is shared).
-  std::vector<double> times_s, bytes, bandwidths, peaks;
+  std::vector<double> times_s, bytes, bandwidths, peaks, peaks_1;
   {
     Progress p("timing");
     run(routings[1]);  // warm-up: threads, scratch
@@ -244,6 +244,7 @@ int bench_command(const BenchOptions& o) {
       const Routing& rt = routings[static_cast<size_t>(r + 1)];
       bandwidths.push_back(measure_read_bandwidth(ctx.threads(), 1));
       peaks.push_back(measure_peak_macs(kernel_set, ctx.threads(), 1));
+      if (ctx.threads() > 1) peaks_1.push_back(measure_peak_macs(kernel_set, 1, 1));
       flush_from_caches(w13.data(), w13.size());  // cold weights, as in real decode
       flush_from_caches(w2.data(), w2.size());
       const auto t0 = std::chrono::steady_clock::now();
@@ -257,12 +258,26 @@ int bench_command(const BenchOptions& o) {
   }
   const double bandwidth = median(bandwidths);
   const double peak_macs = median(peaks);
+  // The all-thread MAC probe over the one-thread probe: about the thread count on a machine
+  // that gives this process its cores. PERF.md: below 0.75 per thread (1.5x for two), the host
+  // is taking cores away right now, and ratios against the MAC peak overstate (the forward
+  // and the probe do not lose the same share of a core).
+  const double peak_1 = peaks_1.empty() ? peak_macs : median(peaks_1);
+  const double scaling = peak_1 > 0 ? peak_macs / peak_1 : 0.0;
+  const bool degraded = ctx.threads() > 1 && peak_macs > 0 && scaling < 0.75 * ctx.threads();
   if (!quiet) {
     std::printf("read bandwidth probe: %.1f GB/s (median of %d, %d threads, between the runs)\n",
                 bandwidth / 1e9, o.repeat, ctx.threads());
     if (peak_macs > 0)
-      std::printf("int8 MAC peak probe (%s): %.1f GMAC/s (median of %d, %d threads)\n",
-                  kernel_set.c_str(), peak_macs / 1e9, o.repeat, ctx.threads());
+      std::printf(
+          "int8 MAC peak probe (%s): %.1f GMAC/s (median of %d, %d threads; 1 thread %.1f, "
+          "scaling %.2fx)\n",
+          kernel_set.c_str(), peak_macs / 1e9, o.repeat, ctx.threads(), peak_1 / 1e9, scaling);
+    if (degraded)
+      std::printf(
+          "warning: %d threads probed only %.2fx one thread: the host is not giving this process "
+          "%d cores now, so the MAC-peak ratio overstates; measure again later\n",
+          ctx.threads(), scaling, ctx.threads());
   }
   const double med_s = median(times_s);
   const double min_s = *std::min_element(times_s.begin(), times_s.end());
@@ -292,6 +307,9 @@ int bench_command(const BenchOptions& o) {
     j["gmac_per_s"] = macs / med_s / 1e9;
     j["peak_gmac_per_s"] = peak_macs / 1e9;
     j["mac_fraction"] = peak_macs > 0 ? macs / med_s / peak_macs : 0.0;
+    j["peak_gmac_per_s_1thread"] = peak_1 / 1e9;
+    j["mac_probe_scaling"] = scaling;
+    j["machine_degraded"] = degraded;
     j["pack_s"] = pack_s;  // with --packed: the time to open and verify the file
     if (from_file) j["packed_file"] = o.packed;
     if (do_check) {

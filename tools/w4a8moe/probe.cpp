@@ -1,6 +1,7 @@
 #include "w4a8moe/probe.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -91,14 +92,28 @@ double measure_peak_macs([[maybe_unused]] const std::string& kernel_set, int thr
   if (kernel_set == "avx2" && f.avx2) probe = x86::macs_avx2;
 #endif
   if (probe == nullptr) return 0.0;
-  const int64_t iters = 1'000'000;
+  // Each run keeps every thread busy for a window of kWindow, in slices of kSlice iterations
+  // (well under a millisecond): a window as long as a prefill forward, so that a host which
+  // takes a vCPU away for a few milliseconds costs the probe what it costs the forward, not
+  // all or nothing as a 2 ms probe did.
+  constexpr auto kWindow = std::chrono::milliseconds(20);
+  constexpr int64_t kSlice = 100'000;
   std::vector<double> rates;
   for (int run = 0; run < runs; ++run) {
     std::vector<std::thread> pool;
     std::vector<double> macs(static_cast<size_t>(threads));
-    const auto t0 = std::chrono::steady_clock::now();
+    std::atomic<bool> go{false};
     for (int t = 0; t < threads; ++t)
-      pool.emplace_back([&, t] { macs[static_cast<size_t>(t)] = probe(iters); });
+      pool.emplace_back([&, t] {
+        while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+        const auto end = std::chrono::steady_clock::now() + kWindow;
+        double done = 0;
+        do done += probe(kSlice);
+        while (std::chrono::steady_clock::now() < end);
+        macs[static_cast<size_t>(t)] = done;
+      });
+    const auto t0 = std::chrono::steady_clock::now();
+    go.store(true, std::memory_order_release);
     for (auto& th : pool) th.join();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     double total = 0;

@@ -11,8 +11,8 @@ namespace w4a8moe::cli {
 // (allocated once per process); median of `runs`.
 double measure_read_bandwidth(int threads, int runs = 5);
 
-// Peak int8 MAC rate (MAC/s) of a kernel set's core instructions on `threads` threads at once;
-// 0 when the set has no probe on this machine (e.g. the portable set).
+// Peak int8 MAC rate (MAC/s) of a kernel set's core instructions on `threads` threads at once,
+// each run a 20 ms window; 0 when the set has no probe on this machine (e.g. the portable set).
 double measure_peak_macs(const std::string& kernel_set, int threads, int runs = 5);
 
 // Writes back and drops every cache line of [data, data + bytes) from all cache levels
