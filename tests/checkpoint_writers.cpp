@@ -260,7 +260,9 @@ void put_half(uint8_t* p, float v) {
   p[0] = static_cast<uint8_t>(h & 0xff);
   p[1] = static_cast<uint8_t>(h >> 8);
 }
-double half_at(const uint8_t* p) { return from_f16(static_cast<uint16_t>(p[0] | (p[1] << 8))); }
+double half_at(const uint8_t* p) {
+  return static_cast<double>(from_f16(static_cast<uint16_t>(p[0] | (p[1] << 8))));
+}
 
 // The 6-bit scale (what = 0) or min (what = 1) of sub-block j of a K-quant block, from the
 // 12 scale bytes: j < 4 in the low 6 bits of bytes j / j + 4; j >= 4 the low nibble of byte j + 4
@@ -886,7 +888,7 @@ void route_reference(const std::vector<float>& logits, int64_t T, int64_t E, int
   for (int64_t t = 0; t < T; ++t) {
     std::vector<double> l(static_cast<size_t>(E)), score(static_cast<size_t>(E)), sel;
     for (int64_t e = 0; e < E; ++e)
-      l[static_cast<size_t>(e)] = logits[static_cast<size_t>(t * E + e)];
+      l[static_cast<size_t>(e)] = static_cast<double>(logits[static_cast<size_t>(t * E + e)]);
     if (spec.gating == "softmax") {
       double mx = -inf, sum = 0;
       for (const double v : l) mx = std::max(mx, v);

@@ -244,9 +244,10 @@ TEST(Gguf, ConvertedTypesStayWithinOneQuantizationStep) {
             const auto li = static_cast<size_t>(row * 256 + k);
             const std::vector<int8_t>& v = which == 2 ? w.w2 : w.w13;
             const std::vector<float>& s = which == 2 ? w.w2_s : w.w13_s;
-            const double scale = s[static_cast<size_t>(row * 8 + k / 32)];
+            const double scale = static_cast<double>(s[static_cast<size_t>(row * 8 + k / 32)]);
             const double got = v[li] * scale;
-            const double want = file[static_cast<size_t>((e * 256 + r) * 256 + k)];
+            const double want =
+                static_cast<double>(file[static_cast<size_t>((e * 256 + r) * 256 + k)]);
             // q4_0 rule: step |s|; the largest positive value may clamp from 8 to 7: one step
             ASSERT_LE(std::fabs(got - want), std::fabs(scale) * (1 + 1e-6) + 1e-12)
                 << "tensor " << which << " expert " << e << " [" << r << ", " << k << "]";

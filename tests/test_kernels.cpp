@@ -143,9 +143,9 @@ double expected(const std::vector<int8_t>& w, const std::vector<float>& s, int64
     int64_t dot = 0;
     for (int64_t k = b * group_len; k < std::min(cols, (b + 1) * group_len); ++k)
       dot += (int64_t{q[k]} - a.zp) * w[static_cast<size_t>(n * cols + k)];
-    sum += double{s[static_cast<size_t>(n * groups + b)]} * static_cast<double>(dot);
+    sum += static_cast<double>(s[static_cast<size_t>(n * groups + b)]) * static_cast<double>(dot);
   }
-  return double{a.recip} * sum + bias;
+  return static_cast<double>(a.recip) * sum + bias;
 }
 
 TEST(KernelGemm, EverySetMatchesTheFormulaAroundTileEdges) {
@@ -203,15 +203,16 @@ TEST(KernelGemm, EverySetMatchesTheFormulaAroundTileEdges) {
                 const int64_t logical = part * g.part_rows + (n - begin);
                 const double want =
                     expected(w, s, c.cols, groups, logical, a[static_cast<size_t>(r)], g.group_len,
-                             bias[static_cast<size_t>(logical)]);
+                             static_cast<double>(bias[static_cast<size_t>(logical)]));
                 // f32 rounding of the group sums and the epilogue: a few ulp of the magnitude of
                 // the terms, which is at most recip * sum|s * dot| + |bias|.
-                double mag = std::fabs(double{bias[static_cast<size_t>(logical)]});
+                double mag = std::fabs(static_cast<double>(bias[static_cast<size_t>(logical)]));
                 for (int64_t b = 0; b < groups; ++b)
-                  mag += double{a[static_cast<size_t>(r)].recip} * 128.0 * 8.0 *
+                  mag += static_cast<double>(a[static_cast<size_t>(r)].recip) * 128.0 * 8.0 *
                          static_cast<double>(g.group_len) *
-                         double{s[static_cast<size_t>(logical * groups + b)]} / 16.0;
-                const double got = out[static_cast<size_t>(r * width + (n - n0))];
+                         static_cast<double>(s[static_cast<size_t>(logical * groups + b)]) / 16.0;
+                const double got =
+                    static_cast<double>(out[static_cast<size_t>(r * width + (n - n0))]);
                 ASSERT_NEAR(got, want, 1e-6 * mag + 1e-6)
                     << "m " << m << " row " << r << " output " << n;
               }

@@ -300,7 +300,7 @@ Tensor moe_cpu(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weigh
   const w4a8moe::MoeParams defaults;
   return moe_ex_cpu(x, topk_ids, topk_weights, w13_packed, w2_packed, hidden_size,
                     intermediate_size, group_size, apply_router_weight_on_input, activation_kind,
-                    defaults.alpha, defaults.limit);
+                    static_cast<double>(defaults.alpha), static_cast<double>(defaults.limit));
 }
 
 Tensor moe_ex_meta(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
@@ -328,7 +328,7 @@ Tensor moe_meta(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weig
   const w4a8moe::MoeParams defaults;
   return moe_ex_meta(x, topk_ids, topk_weights, w13_packed, w2_packed, hidden_size,
                      intermediate_size, group_size, apply_router_weight_on_input, activation_kind,
-                     defaults.alpha, defaults.limit);
+                     static_cast<double>(defaults.alpha), static_cast<double>(defaults.limit));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -80,24 +80,26 @@ struct Matrix {  // one role's logical weights
     for (int64_t b = 0; b < in.cols / g; ++b) {
       int64_t dot = 0;
       for (int64_t k = b * g; k < (b + 1) * g; ++k) dot += (a.q[k] - a.zp) * value(e, n, k);
-      const double s = load_float(scale->data, scale->dtype, (e * in.rows + n) * in.groups + b);
+      const double s = static_cast<double>(
+          load_float(scale->data, scale->dtype, (e * in.rows + n) * in.groups + b));
       sum += s * static_cast<double>(dot);
     }
     double out = static_cast<double>(a.recip) * sum;
-    if (!bias->empty()) out += double{load_float(bias->data, bias->dtype, e * in.rows + n)};
+    if (!bias->empty())
+      out += static_cast<double>(load_float(bias->data, bias->dtype, e * in.rows + n));
     return out;
   }
 };
 
 double act(const MoeParams& p, double g, double u) {
-  const double L = p.limit;
+  const double L = static_cast<double>(p.limit);
   auto sigmoid = [](double z) { return 1.0 / (1.0 + std::exp(-z)); };
   switch (p.activation) {
     case Activation::swiglustep:
       return std::min(g * sigmoid(g), L) * std::clamp(u, -L, L);
     case Activation::swigluoai: {
       const double gc = std::min(g, L), uc = std::clamp(u, -L, L);
-      return (uc + 1.0) * gc * sigmoid(double{p.alpha} * gc);
+      return (uc + 1.0) * gc * sigmoid(static_cast<double>(p.alpha) * gc);
     }
     case Activation::silu:
       return g * sigmoid(g) * u;
@@ -150,7 +152,7 @@ void reference_forward(const TensorView& x, const TensorView& topk_ids,
             static_cast<float>(act(params, w13.dq_dot(qa, e, gate_row), w13.dq_dot(qa, e, up_row)));
       }
       const Quantized qm = quant_row(m);
-      const double weight = params.apply_router_weight_on_input ? 1.0 : double{r};
+      const double weight = params.apply_router_weight_on_input ? 1.0 : static_cast<double>(r);
       for (int64_t h = 0; h < H; ++h) acc[static_cast<size_t>(h)] += weight * w2.dq_dot(qm, e, h);
     }
     for (int64_t h = 0; h < H; ++h)

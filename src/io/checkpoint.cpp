@@ -43,7 +43,7 @@ void convert_row(const float* row, int64_t n, int group_size, QuantRule rule, ui
   const int64_t g = group_size == -1 ? n : group_size;
   std::copy(q.scales.begin(), q.scales.end(), scales);
   for (int64_t k = 0; k < n; ++k) {
-    const double ref = row[k];
+    const double ref = static_cast<double>(row[k]);
     const double got = static_cast<double>(q.values[static_cast<size_t>(k)]) *
                        static_cast<double>(q.scales[static_cast<size_t>(k / g)]);
     const double err = got - ref;
@@ -267,7 +267,7 @@ namespace {
 
 double activation(const MoeParams& p, double g, double u) {
   const auto silu = [](double z) { return z / (1.0 + std::exp(-z)); };
-  const double L = p.limit;
+  const double L = static_cast<double>(p.limit);
   switch (p.activation) {
     case Activation::swiglustep:
       return std::min(silu(g), L) * std::clamp(u, -L, L);
@@ -296,7 +296,8 @@ void dequant_row(const uint8_t* w, const uint8_t* scales, DType scale_dtype, int
   const uint8_t* row = w + n * (cols / 2);
   for (int64_t k = 0; k < cols; ++k) {
     const int q = ((row[k / 2] >> (4 * (k % 2))) & 0x0f) - 8;
-    const double s = detail::load_float(scales, scale_dtype, n * groups + k / g);
+    const double s =
+        static_cast<double>(detail::load_float(scales, scale_dtype, n * groups + k / g));
     out[static_cast<size_t>(k)] = q * s;
   }
 }

@@ -127,7 +127,7 @@ void pack_expert(const PackJob& job, int64_t e, uint8_t* block) {
       for (int64_t k = b * g.group_len; k < (b + 1) * g.group_len; ++k)
         wsum += row[static_cast<size_t>(k)];
       wsum_row += wsum;
-      zsum += double{stored} * static_cast<double>(wsum);
+      zsum += static_cast<double>(stored) * static_cast<double>(wsum);
     }
     if (g.channelwise()) {
       const auto c = static_cast<int32_t>(wsum_row);

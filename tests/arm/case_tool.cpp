@@ -134,7 +134,7 @@ int compare(const std::string& ref_path, const std::string& got_path) {
   }
   const double u = dtype == DType::bf16 ? 0x1p-8 : (dtype == DType::f16 ? 0x1p-11 : 0.0);
   double scale = 0.0;
-  for (float v : ref) scale = std::max(scale, std::fabs(double{v}));
+  for (float v : ref) scale = std::max(scale, std::fabs(static_cast<double>(v)));
   const int64_t cols = static_cast<int64_t>(ref.size()) / rows;
   int64_t step_rows = 0;
   double worst = 0.0, worst_row_excess = 0.0;
@@ -142,8 +142,8 @@ int compare(const std::string& ref_path, const std::string& got_path) {
   for (int64_t t = 0; t < rows; ++t) {
     double row_excess = 0.0;  // max over the row of |got - ref| / scale beyond the output step
     for (int64_t h = 0; h < cols; ++h) {
-      const double r = ref[static_cast<size_t>(t * cols + h)];
-      const double g = got[static_cast<size_t>(t * cols + h)];
+      const double r = static_cast<double>(ref[static_cast<size_t>(t * cols + h)]);
+      const double g = static_cast<double>(got[static_cast<size_t>(t * cols + h)]);
       const double d = std::fabs(g - r);
       if (!(d == d)) ok = false;  // NaN
       worst = std::max(worst, d / scale);

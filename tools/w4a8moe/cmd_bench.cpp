@@ -88,9 +88,10 @@ CheckResult check_against_reference(const SyntheticLayer& layer, const Input& x,
         const std::vector<uint16_t> one = to_half({rv}, x.dtype);
         rv = detail::load_float(one.data(), x.dtype, 0);
       }
-      max_ref = std::max(max_ref, double{std::fabs(rv)});
-      max_err = std::max(max_err,
-                         std::fabs(double{out_f32[static_cast<size_t>(t * H + h)]} - double{rv}));
+      max_ref = std::max(max_ref, static_cast<double>(std::fabs(rv)));
+      max_err =
+          std::max(max_err, std::fabs(static_cast<double>(out_f32[static_cast<size_t>(t * H + h)]) -
+                                      static_cast<double>(rv)));
     }
     r.max_abs_ref = std::max(r.max_abs_ref, max_ref);
     r.max_rel_err = std::max(r.max_rel_err, max_ref > 0 ? max_err / max_ref : max_err);

@@ -266,7 +266,7 @@ int layer_command(const LayerOptions& options) {
       }
       double err_sq = 0, ref_sq = 0, max_err = 0, max_ref = 0;
       for (int64_t i = 0; i < T * H; ++i) {
-        const double got = detail::load_float(out.data, out.dtype, i);
+        const double got = static_cast<double>(detail::load_float(out.data, out.dtype, i));
         const double want = ref[static_cast<size_t>(i)];
         const double err = got - want;
         err_sq += err * err;
