@@ -461,7 +461,9 @@ TEST_F(SafetensorsTest, RejectsTruncatedDataRegion) {
   SafetensorsWriter writer;
   writer.add("a", DType::f32, {4, 4}, std::vector<float>(16, 1.0f));
   std::vector<uint8_t> bytes = writer.serialize();
-  bytes.resize(bytes.size() - 5);
+  // erase, not resize(size() - 5): under ASan, GCC 12 cannot see that size() >= 5 and warns
+  // (-Wstringop-overflow) about the growing branch of resize
+  bytes.erase(bytes.end() - 5, bytes.end());
   const std::string msg = read_error(bytes);
   EXPECT_THAT(msg, HasSubstr("tensor 'a'"));
   EXPECT_THAT(msg, HasSubstr("past the end of the data region"));
