@@ -226,8 +226,8 @@ TEST(KernelGemm, EverySetMatchesTheFormulaAroundTileEdges) {
 
 // The kernel contract (kernel.hpp): a row's result does not depend on which other rows share its
 // call, so that the forward pass is bit-identical whatever the tiling. Every set's calls of every
-// size (register tiles and, on avx512vnni, the wide tiles above 16 rows) must give each row the
-// bits it gets alone.
+// size up to its tile (each size its own register tile, some with f32 sums in memory) must give
+// each row the bits it gets alone.
 TEST(KernelGemm, EveryRowGetsTheSameBitsWhateverItsCallSize) {
   std::mt19937 rng(11);
   std::uniform_int_distribution<int> wi(-8, 7);
