@@ -8,6 +8,7 @@
 #include "common/format.hpp"
 #include "kernels/ref/ref_kernels.hpp"
 #if defined(W4A8MOE_X86)
+#include "kernels/x86_amx/amx_kernels.hpp"
 #include "kernels/x86_avx512vnni/avx512vnni_kernels.hpp"
 #include "kernels/x86_ymm/ymm_kernels.hpp"
 #endif
@@ -23,6 +24,12 @@ bool always(const CpuFeatures&) { return true; }
 [[maybe_unused]] bool has_avx512vnni(const CpuFeatures& f) {
   return f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni && f.fma && f.f16c;
 }
+// The AMX GEMM unpacks with `vpermb` (AVX-512 VBMI, on every AMX CPU); its software model needs
+// the same vector ISA.
+[[maybe_unused]] bool has_amx_model(const CpuFeatures& f) {
+  return has_avx512vnni(f) && f.avx512vbmi;
+}
+[[maybe_unused]] bool has_amx(const CpuFeatures& f) { return has_amx_model(f) && f.amx_int8; }
 [[maybe_unused]] bool has_avxvnni(const CpuFeatures& f) {
   return f.avxvnni && f.avx2 && f.fma && f.f16c;
 }
@@ -35,31 +42,46 @@ bool always(const CpuFeatures&) { return true; }
 // Best first. ISA-specific sets go above the portable one.
 constexpr KernelSet kTable[] = {
 #if defined(W4A8MOE_X86)
+    {"amx", LayoutId::qu4_p16k8, kAmxTileM, true, has_amx, avx512vnni::quantize_qa8,
+     {{kAmxSmallMaxM, avx512vnni::gemm_qa8_qu4p16}, {kAmxTileM, amx::gemm_qa8_qu4p16}},
+     avx512vnni::activate, amx::thread_begin, amx::thread_end},
     {"avx512vnni", LayoutId::qu4_p16k8, avx512vnni::kTileM, true, has_avx512vnni,
-     avx512vnni::quantize_qa8, avx512vnni::gemm_qa8_qu4p16, avx512vnni::activate},
+     avx512vnni::quantize_qa8, {{avx512vnni::kTileM, avx512vnni::gemm_qa8_qu4p16}},
+     avx512vnni::activate},
     {"avxvnni", LayoutId::qu4_p8k8, avxvnni::kTileM, true, has_avxvnni, avxvnni::quantize_qa8,
-     avxvnni::gemm_qa8_qu4p8, avxvnni::activate},
+     {{avxvnni::kTileM, avxvnni::gemm_qa8_qu4p8}}, avxvnni::activate},
     {"avx2", LayoutId::qu4_p8k8, avx2::kTileM, true, has_avx2, avx2::quantize_qa8,
-     avx2::gemm_qa8_qu4p8, avx2::activate},
+     {{avx2::kTileM, avx2::gemm_qa8_qu4p8}}, avx2::activate},
 #endif
-#if defined(__aarch64__)  // Arm kernel sets (issue 4); one quantizer for the three
+#if defined(__aarch64__)  // one quantizer for the three Arm sets
     {"neoni8mm", LayoutId::qu4_p8k16, neoni8mm::kTileM, true, has_i8mm, neon::quantize_qa8,
-     neoni8mm::gemm_qa8_qu4p8k16, neoni8mm::activate},
+     {{neoni8mm::kTileM, neoni8mm::gemm_qa8_qu4p8k16}}, neoni8mm::activate},
     {"neondot", LayoutId::qu4_p8k8, neondot::kTileM, true, has_dotprod, neon::quantize_qa8,
-     neondot::gemm_qa8_qu4p8, neondot::activate},
+     {{neondot::kTileM, neondot::gemm_qa8_qu4p8}}, neondot::activate},
     {"neon", LayoutId::qu4_p8k8, neon::kTileM, true, has_neon, neon::quantize_qa8,
-     neon::gemm_qa8_qu4p8, neon::activate},
+     {{neon::kTileM, neon::gemm_qa8_qu4p8}}, neon::activate},
+#endif
+#if defined(W4A8MOE_X86)
+    // the AMX set on the software model of the tiles: only when the cap names it
+    {"amxemu", LayoutId::qu4_p16k8, kAmxTileM, true, has_amx_model, avx512vnni::quantize_qa8,
+     {{kAmxSmallMaxM, avx512vnni::gemm_qa8_qu4p16}, {kAmxTileM, amxemu::gemm_qa8_qu4p16}},
+     avx512vnni::activate, amxemu::thread_begin, amxemu::thread_end, true},
 #endif
     {"scalar", LayoutId::qs4_b32_rowmajor, ref::kTileM, false, always, ref::quantize_qa8,
-     ref::gemm_qa8_qs4b32, ref::activate},
+     {{ref::kTileM, ref::gemm_qa8_qs4b32}}, ref::activate},
 };
 
 consteval bool tiles_fit() {
-  for (const KernelSet& k : kTable)
-    if (k.tile_m < 1 || k.tile_m > kMaxTileM) return false;
+  for (const KernelSet& k : kTable) {
+    if (k.tile_m < 1 || k.tile_m > kMaxTileM || k.gemms[0].fn == nullptr) return false;
+    const GemmRange& last = k.gemms[1].fn != nullptr ? k.gemms[1] : k.gemms[0];
+    if (last.max_m != k.tile_m) return false;
+    if (k.gemms[1].fn != nullptr && !(k.gemms[0].max_m >= 1 && k.gemms[0].max_m < k.tile_m))
+      return false;
+  }
   return true;
 }
-static_assert(tiles_fit(), "a kernel set's tile_m exceeds kMaxTileM");
+static_assert(tiles_fit(), "a kernel set's GEMM ranges must end at its tile_m <= kMaxTileM");
 
 constexpr size_t kNone = ~size_t{0};
 
@@ -100,17 +122,24 @@ size_t cap_index() {
 
 std::span<const KernelSet> kernel_table() { return kTable; }
 
+// Set i may be chosen under the cap: usable, and not a model unless the cap names it.
+static bool eligible(size_t i, size_t cap, const CpuFeatures& f) {
+  return kTable[i].usable(f) && (!kTable[i].model_only || i == cap);
+}
+
 const KernelSet& active_set() {
   const CpuFeatures& f = cpu_features();
-  for (size_t i = cap_index(); i < std::size(kTable); ++i)
-    if (kTable[i].usable(f)) return kTable[i];
+  const size_t cap = cap_index();
+  for (size_t i = cap; i < std::size(kTable); ++i)
+    if (eligible(i, cap, f)) return kTable[i];
   return kTable[std::size(kTable) - 1];  // the portable set is always usable
 }
 
 const KernelSet& set_for_layout(LayoutId layout, std::string_view argument) {
   const CpuFeatures& f = cpu_features();
-  for (size_t i = cap_index(); i < std::size(kTable); ++i)
-    if (kTable[i].layout == layout && kTable[i].usable(f)) return kTable[i];
+  const size_t cap = cap_index();
+  for (size_t i = cap; i < std::size(kTable); ++i)
+    if (kTable[i].layout == layout && eligible(i, cap, f)) return kTable[i];
   throw Error(cat(argument, ": the packed layout ", layout_name(layout),
                   " has no kernel set usable on this CPU (", f.summary(),
                   ") within the ISA cap (active set: ", active_set().name,

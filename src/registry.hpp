@@ -1,4 +1,4 @@
-// The table of kernel sets: each pairs a quantizer, a GEMM micro-kernel and the packed layout
+// The table of kernel sets: each pairs a quantizer, GEMM micro-kernels and the packed layout
 // they read, so that packing and compute can never disagree. Chosen once, by preference, from
 // the CPU's features and the ISA cap (W4A8MOE_ISA or set_isa_cap()).
 #pragma once
@@ -11,15 +11,35 @@
 
 namespace w4a8moe::detail {
 
+// A GEMM serving calls of up to max_m activation rows.
+struct GemmRange {
+  int64_t max_m = 0;
+  GemmFn fn = nullptr;
+};
+
+// Runs on each thread of the forward pass, before its first and after its last kernel call of
+// the pass (a set whose kernels keep per-thread hardware state: AMX tile configuration).
+using ThreadHook = void (*)();
+
 struct KernelSet {
-  const char* name;  // also the ISA cap level: "scalar", later "avx2", "avx512vnni", ...
+  const char* name;  // also the ISA cap level: "scalar", "avx2", "avx512vnni", ...
   LayoutId layout;
-  int64_t tile_m;    // activation rows per GEMM call (<= kMaxTileM)
+  int64_t tile_m;    // activation rows per GEMM call at most (<= kMaxTileM)
   bool group_terms;  // the quantizer writes QuantRow::group_terms after the row
   bool (*usable)(const CpuFeatures&);
   QuantizeFn quantize;
-  GemmFn gemm;
+  // By rows per call, ascending max_m; the last covers tile_m. The GEMMs of one set give every
+  // row the same bits (the kernel contract of kernel.hpp holds across them).
+  GemmRange gemms[2];
   ActivateFn activate;
+  ThreadHook thread_begin = nullptr, thread_end = nullptr;
+  // Chosen only when the ISA cap names it (a software model of an ISA, for tests).
+  bool model_only = false;
+
+  GemmFn gemm_for(int64_t m) const {
+    return gemms[1].fn != nullptr && m > gemms[0].max_m ? gemms[1].fn : gemms[0].fn;
+  }
+  void gemm(const GemmArgs& args) const { gemm_for(args.m)(args); }
 };
 
 // All sets compiled into this build, best first.

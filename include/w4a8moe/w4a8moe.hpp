@@ -366,7 +366,12 @@ struct CpuFeatures {
   // x86 (usable: CPUID and OS state via XGETBV)
   bool sse41 = false, avx = false, avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512vnni = false;
-  bool avx512bf16 = false, avxvnni = false;
+  bool avx512bf16 = false, avxvnni = false, avx512vbmi = false;
+  // Intel AMX: usable when the CPU has AMX-TILE and AMX-INT8, the OS enables the tile state in
+  // XCR0 and (Linux) grants this process the tile data permission. `amx_status` says which of
+  // the three is missing ("usable" when none is).
+  bool amx_int8 = false;
+  std::string amx_status = "not an x86 CPU";
   // AArch64
   bool neon = false, dotprod = false, i8mm = false, sve = false, bf16 = false;
   std::string summary() const;

@@ -216,6 +216,7 @@ class Worker {
       : p_(p), s_(s), pool_(pool), counters_(counters) {}
 
   void operator()(int tid) {
+    if (p_.set->thread_begin != nullptr) p_.set->thread_begin();
     int phase = 0;
     for (int64_t t0 = 0; t0 < p_.s.tokens; t0 += p_.chunk_tokens) {
       const int64_t tokens = std::min(p_.chunk_tokens, p_.s.tokens - t0);
@@ -226,6 +227,7 @@ class Worker {
       down(tid, t0, tokens, counter(tid, phase++));
       pool_.barrier();
     }
+    if (p_.set->thread_end != nullptr) p_.set->thread_end();
   }
 
  private:

@@ -6,6 +6,10 @@
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <cpuid.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #elif defined(__aarch64__) && defined(__linux__)
 #include <asm/hwcap.h>
 #include <sys/auxv.h>
@@ -31,8 +35,28 @@ uint64_t xgetbv0() {
   return (uint64_t{edx} << 32) | eax;
 }
 
+// AMX needs three things: the CPU's AMX-TILE and AMX-INT8, the OS enabling the tile state
+// (XCR0 bits 17 TILECFG and 18 TILEDATA), and on Linux the process's permission to use the tile
+// data, asked once per process with arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA). The
+// permission then holds for every thread of the process, including those started later.
+std::string amx_status(bool cpu_amx, uint64_t xcr0) {
+  if (!cpu_amx) return "unavailable: the CPU has no AMX-TILE and AMX-INT8 (CPUID leaf 7)";
+  if ((xcr0 & (uint64_t{3} << 17)) != (uint64_t{3} << 17))
+    return "unavailable: the OS does not enable the tile state (XCR0 bits 17 and 18)";
+#if defined(__linux__)
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0)
+    return "unavailable: Linux refused the tile data permission "
+           "(arch_prctl ARCH_REQ_XCOMP_PERM; a kernel before 5.16?)";
+  return "usable";
+#else
+  return "unavailable: tile data permission is requested on Linux only";
+#endif
+}
+
 void detect_x86(CpuFeatures& f) {
   f.arch = "x86_64";
+  f.amx_status = "unavailable: the CPU has no CPUID leaf 7";
   unsigned a, b, c, d;
   if (!__get_cpuid(1, &a, &b, &c, &d)) return;
   f.sse41 = (c >> 19) & 1;
@@ -52,9 +76,13 @@ void detect_x86(CpuFeatures& f) {
   f.avx512bw = ((b >> 30) & 1) && f.avx512f;
   f.avx512vl = ((b >> 31) & 1) && f.avx512f;
   f.avx512vnni = ((c >> 11) & 1) && f.avx512f;
+  f.avx512vbmi = ((c >> 1) & 1) && f.avx512f;
+  const bool cpu_amx = ((d >> 24) & 1) && ((d >> 25) & 1);  // AMX-TILE, AMX-INT8
   __cpuid_count(7, 1, a, b, c, d);
   f.avxvnni = ((a >> 4) & 1) && f.avx2;
   f.avx512bf16 = ((a >> 5) & 1) && f.avx512f;
+  f.amx_status = amx_status(cpu_amx, xcr0);
+  f.amx_int8 = f.amx_status == "usable";
 }
 #endif
 
@@ -123,6 +151,8 @@ std::string CpuFeatures::summary() const {
   add(avx512vnni, "avx512vnni");
   add(avx512bf16, "avx512bf16");
   add(avxvnni, "avxvnni");
+  add(avx512vbmi, "avx512vbmi");
+  add(amx_int8, "amx-int8");
   add(neon, "neon");
   add(dotprod, "dotprod");
   add(i8mm, "i8mm");
