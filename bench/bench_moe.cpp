@@ -112,7 +112,8 @@ BENCHMARK(BM_Layer)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
-// One GEMM micro-kernel call over a 64-row slice of an expert of K = 2048 (hot in cache).
+// One GEMM micro-kernel call over a 64-row slice of an expert of K = 2048 (hot in cache), with
+// weight groups of 32, 128 or channelwise.
 void BM_Gemm(benchmark::State& state, const detail::KernelSet* set) {
   if (!set->usable(cpu_features())) {
     state.SkipWithError("kernel set not usable on this CPU");
@@ -120,24 +121,26 @@ void BM_Gemm(benchmark::State& state, const detail::KernelSet* set) {
   }
   const int64_t m = state.range(0), K = 2048, N = 64;
   std::vector<int8_t> w(static_cast<size_t>(N * K), 3);
-  std::vector<float> s(static_cast<size_t>(N * K / 32), 0.01f);
+  const int64_t G = state.range(1);  // weight group size, -1: channelwise
+  const int64_t groups = G < 0 ? 1 : K / G;
+  std::vector<float> s(static_cast<size_t>(N * groups), 0.01f);
   PackOptions po;
-  po.group_size = 32;
+  po.group_size = static_cast<int>(G);
   po.kernel_set = set->name;
   const PackedWeights pw = pack_w2(TensorView::of(w.data(), DType::i8, {1, N, K}),
-                                   TensorView::of(s.data(), DType::f32, {1, N, K / 32}), {}, po);
+                                   (G < 0 ? TensorView::of(s.data(), DType::f32, {1, N}) : TensorView::of(s.data(), DType::f32, {1, N, groups})), {}, po);
   const detail::Geometry g = detail::read_geometry(pw.bytes(), "bench");
   std::vector<float> a(static_cast<size_t>(K), 0.5f);
   // a quantized row: K bytes, then one int32 group term per group of 32
   std::vector<std::vector<int32_t>> q(static_cast<size_t>(m),
-                                      std::vector<int32_t>(static_cast<size_t>(K / 4 + K / 32)));
+                                      std::vector<int32_t>(static_cast<size_t>(K / 4 + groups)));
   std::vector<detail::QuantRow> rows(static_cast<size_t>(m));
   for (int64_t r = 0; r < m; ++r) {
     detail::QuantizeArgs qa;
     qa.src = a.data();
     qa.cols = K;
     qa.cols_padded = K;
-    qa.group_len = 32;
+    qa.group_len = G < 0 ? K : G;
     qa.dst = q[static_cast<size_t>(r)].data();
     qa.row = &rows[static_cast<size_t>(r)];
     set->quantize(qa);
@@ -164,10 +167,12 @@ void BM_Gemm(benchmark::State& state, const detail::KernelSet* set) {
 }
 
 const int kRegistered = [] {
-  for (const detail::KernelSet& set : detail::kernel_table())
+  for (const detail::KernelSet& set : detail::kernel_table()) {
+    if (set.model_only) continue;  // a software model: its speed means nothing
     benchmark::RegisterBenchmark((std::string("BM_Gemm/") + set.name).c_str(), BM_Gemm, &set)
-        ->DenseRange(1, static_cast<int>(set.tile_m))
-        ->ArgName("m");
+        ->ArgsProduct({benchmark::CreateDenseRange(1, static_cast<int>(set.tile_m), 1), {32, 64, 128, 256, -1}})
+        ->ArgNames({"m", "g"});
+  }
   return 0;
 }();
 

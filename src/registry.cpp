@@ -64,7 +64,7 @@ constexpr KernelSet kTable[] = {
 #if defined(W4A8MOE_X86)
     // the AMX set on the software model of the tiles: only when the cap names it
     {"amxemu", LayoutId::qu4_p16k8, kAmxTileM, true, has_amx_model, avx512vnni::quantize_qa8,
-     {{kAmxSmallMaxM, avx512vnni::gemm_qa8_qu4p16}, {kAmxTileM, amxemu::gemm_qa8_qu4p16}},
+     {{kAmxSmallMaxM, avx512vnni::gemm_qa8_qu4p16}, {kAmxTileM, amxemu::gemm_tiles}},
      avx512vnni::activate, amxemu::thread_begin, amxemu::thread_end, true},
 #endif
     {"scalar", LayoutId::qs4_b32_rowmajor, ref::kTileM, false, always, ref::quantize_qa8,

@@ -12,6 +12,12 @@
 #include <vector>
 
 #include "kernels/ref/ref_kernels.hpp"
+#include "common/numeric.hpp"
+#if defined(__x86_64__)
+#include <bit>
+
+#include "kernels/x86_amx/amx_kernels.hpp"
+#endif
 #include "pack/packed_format.hpp"
 #include "registry.hpp"
 
@@ -360,3 +366,101 @@ TEST(KernelGemm, IntegerSumsAreExactAtTheExtremes) {
 }
 
 }  // namespace
+
+#if defined(__x86_64__)
+// The AMX tile GEMM on both backends (the instructions where the CPU has them, the software model
+// of the tiles on any CPU with AVX-512 VBMI) against the avx512vnni GEMM, bit for bit: the amx
+// set switches between the two by rows per call, so they must agree exactly, at every call size,
+// every group size (K steps of 32 and 64, groups spanning several steps, channelwise), K not a
+// multiple of 64, a last panel that is partial, biases and every scale dtype.
+void check_tile_gemm(detail::GemmFn tiles, const char* backend) {
+  std::mt19937 rng(23);
+  std::uniform_int_distribution<int> wi(-8, 7);
+  std::uniform_real_distribution<float> sd(0.5f, 1.5f);
+  struct Shape {
+    int64_t rows, cols;
+    int group;
+    DType scales;
+    bool bias;
+  };
+  const Shape shapes[] = {
+      {40, 256, 32, DType::bf16, false}, {40, 256, 64, DType::f32, true},
+      {33, 192, 96, DType::f16, false},  {48, 512, 128, DType::bf16, true},
+      {24, 512, 256, DType::f32, false}, {40, 160, -1, DType::bf16, true},
+      {32, 2048, -1, DType::f32, false}, {16, 2048, 32, DType::f32, true},
+  };
+  const KernelSet& zmm = detail::set_by_name("avx512vnni", "test");
+  for (const Shape& sh : shapes) {
+    SCOPED_TRACE(std::string(backend) + " rows " + std::to_string(sh.rows) + " cols " +
+                 std::to_string(sh.cols) + " group " + std::to_string(sh.group));
+    const int64_t groups = sh.group < 0 ? 1 : sh.cols / sh.group;
+    std::vector<int8_t> w(static_cast<size_t>(sh.rows * sh.cols));
+    for (size_t i = 0; i < w.size(); ++i)
+      w[i] = static_cast<int8_t>(i % 53 == 0 ? -8 : (i % 59 == 0 ? 7 : wi(rng)));
+    std::vector<float> s(static_cast<size_t>(sh.rows * groups)), bias(static_cast<size_t>(sh.rows));
+    for (auto& v : s) v = sd(rng) / static_cast<float>(sh.cols);
+    for (auto& v : bias) v = sd(rng) - 1.0f;
+    std::vector<uint16_t> s16(s.size());
+    for (size_t i = 0; i < s.size(); ++i) {
+      if (sh.scales == DType::bf16) s16[i] = detail::f32_to_bf16(s[i]);
+      if (sh.scales == DType::f16) s16[i] = detail::f32_to_f16(s[i]);
+    }
+    const void* sdata = sh.scales == DType::f32 ? static_cast<const void*>(s.data()) : s16.data();
+    PackOptions po;
+    po.group_size = sh.group;
+    po.kernel_set = "avx512vnni";
+    const TensorView sv = sh.group < 0 ? TensorView::of(sdata, sh.scales, {1, sh.rows})
+                                       : TensorView::of(sdata, sh.scales, {1, sh.rows, groups});
+    const TensorView bv =
+        sh.bias ? TensorView::of(bias.data(), DType::f32, {1, sh.rows}) : TensorView{};
+    const PackedWeights packed =
+        pack_w2(TensorView::of(w.data(), DType::i8, {1, sh.rows, sh.cols}), sv, bv, po);
+    const detail::Geometry g = detail::read_geometry(packed.bytes(), "test");
+    std::vector<QRowBuffer> buffers;
+    std::vector<QuantRow> a;
+    for (int64_t r = 0; r < 64; ++r)
+      buffers.push_back(quantize(zmm, random_row(rng, sh.cols, static_cast<int>(r % 6)),
+                                 g.cols_padded, g.group_len));
+    for (auto& b : buffers) a.push_back(b.row);
+    const int64_t width = (sh.rows + 15) / 16 * 16;
+    // the zmm reference: one row per call
+    std::vector<float> want(static_cast<size_t>(64 * width), NAN);
+    for (int64_t r = 0; r < 64; ++r)
+      gemm(zmm, packed, g, a.data() + r, 1, 0, sh.rows, want.data() + r * width, width);
+    for (int64_t m = 1; m <= 64; ++m) {
+      std::vector<float> got(static_cast<size_t>(m * width), NAN);
+      detail::GemmArgs args;
+      args.m = m;
+      args.a = a.data();
+      args.expert = packed.bytes().data() + detail::kHeaderBytes;
+      args.geometry = &g;
+      args.n_begin = 0;
+      args.n_end = sh.rows;
+      args.c = got.data();
+      args.c_stride = width;
+      tiles(args);
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t n = 0; n < sh.rows; ++n)
+          ASSERT_EQ(std::bit_cast<uint32_t>(got[static_cast<size_t>(r * width + n)]),
+                    std::bit_cast<uint32_t>(want[static_cast<size_t>(r * width + n)]))
+              << "m " << m << ", row " << r << ", output " << n << ": "
+              << got[static_cast<size_t>(r * width + n)] << " vs "
+              << want[static_cast<size_t>(r * width + n)];
+    }
+  }
+}
+
+TEST(AmxTileGemm, InstructionsGiveTheZmmGemmBits) {
+  if (!cpu_features().amx_int8 || !cpu_features().avx512vbmi)
+    GTEST_SKIP() << "AMX " << cpu_features().amx_status
+                 << "; the tile GEMM runs on the software model only";
+  check_tile_gemm(detail::amx::gemm_tiles, "amx");
+}
+
+TEST(AmxTileGemm, SoftwareModelGivesTheZmmGemmBits) {
+  if (!cpu_features().avx512vnni || !cpu_features().avx512vbmi)
+    GTEST_SKIP() << "the software model of the tiles needs AVX-512 VNNI and VBMI ("
+                 << cpu_features().summary() << ")";
+  check_tile_gemm(detail::amxemu::gemm_tiles, "amxemu");
+}
+#endif

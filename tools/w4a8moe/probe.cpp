@@ -80,6 +80,7 @@ namespace x86 {
 double macs_avx512vnni(int64_t iters);
 double macs_avxvnni(int64_t iters);
 double macs_avx2(int64_t iters);
+double macs_amx(int64_t iters);
 }  // namespace x86
 #endif
 
@@ -90,14 +91,19 @@ double measure_peak_macs([[maybe_unused]] const std::string& kernel_set, int thr
   if (kernel_set == "avx512vnni" && f.avx512vnni && f.avx512bw) probe = x86::macs_avx512vnni;
   if (kernel_set == "avxvnni" && f.avxvnni) probe = x86::macs_avxvnni;
   if (kernel_set == "avx2" && f.avx2) probe = x86::macs_avx2;
+  if (kernel_set == "amx" && f.amx_int8) probe = x86::macs_amx;
+#endif
+  // iterations per slice: about a millisecond or less (an AMX iteration does 64 Ki MAC)
+  int64_t slice = 100'000;
+#if defined(__x86_64__)
+  if (probe == x86::macs_amx) slice = 10'000;
 #endif
   if (probe == nullptr) return 0.0;
-  // Each run keeps every thread busy for a window of kWindow, in slices of kSlice iterations
+  // Each run keeps every thread busy for a window of kWindow, in slices of `slice` iterations
   // (well under a millisecond): a window as long as a prefill forward, so that a host which
   // takes a vCPU away for a few milliseconds costs the probe what it costs the forward, not
   // all or nothing as a 2 ms probe did.
   constexpr auto kWindow = std::chrono::milliseconds(20);
-  constexpr int64_t kSlice = 100'000;
   std::vector<double> rates;
   for (int run = 0; run < runs; ++run) {
     std::vector<std::thread> pool;
@@ -108,7 +114,7 @@ double measure_peak_macs([[maybe_unused]] const std::string& kernel_set, int thr
         while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
         const auto end = std::chrono::steady_clock::now() + kWindow;
         double done = 0;
-        do done += probe(kSlice);
+        do done += probe(slice);
         while (std::chrono::steady_clock::now() < end);
         macs[static_cast<size_t>(t)] = done;
       });

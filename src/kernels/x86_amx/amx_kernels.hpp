@@ -14,18 +14,30 @@ namespace w4a8moe::detail {
 // Rows per call of the AMX GEMM, at most: every row of an expert's task up to this many shares
 // one unpacking of each weight panel.
 inline constexpr int64_t kAmxTileM = 64;
-// Calls of up to this many rows go to the zmm `vpdpbusd` GEMM (faster there: a 16-row tile
-// would be mostly empty; see docs/kernels.md for the measured crossover).
+// Calls of up to this many rows always go to the zmm `vpdpbusd` GEMM (a 16-row tile would be
+// mostly empty).
 inline constexpr int64_t kAmxSmallMaxM = 4;
 
+// The fewest rows per call at which the tile GEMM beats the zmm GEMM, by scale group length
+// (cols_padded when channelwise), measured on a Xeon with AMX (docs/kernels.md, "amx"): the f32
+// scaling of every group's sums is the tile GEMM's cost, so short groups need many rows.
+// Above kAmxTileM: never.
+int64_t amx_min_rows(int64_t group_len, bool channelwise);
+
 namespace amx {
+// The set's GEMM for calls of more than kAmxSmallMaxM rows: the tile GEMM from
+// amx_min_rows(...) rows, else the zmm GEMM (in calls of at most 16 rows). Same bits either way.
 void gemm_qa8_qu4p16(const GemmArgs& args);
+// The tile GEMM alone, for any number of rows up to kAmxTileM.
+void gemm_tiles(const GemmArgs& args);
 void thread_begin();
 void thread_end();
 }  // namespace amx
 
 namespace amxemu {
-void gemm_qa8_qu4p16(const GemmArgs& args);
+// The tile GEMM alone on the software model (the set uses it from kAmxSmallMaxM + 1 rows, so
+// that the suites exercise it at every group size).
+void gemm_tiles(const GemmArgs& args);
 void thread_begin();
 void thread_end();
 }  // namespace amxemu

@@ -3,24 +3,28 @@
 // (the software model). Internal linkage throughout, so the two copies never mix.
 //
 // Operands (docs/kernels.md, "amx"): the A tile holds 16 activation rows as u8 (q + 128, staged
-// from the int8 rows with one XOR), the B tile 16 output rows of the weights as s8 in the VNNI
-// order `tdpbusd` reads (row r: columns 4r..4r+3 of each of the 16 outputs). In qu4_p16k8 one
-// 64-byte chunk of a panel is exactly two such rows in offset nibbles: `vpermb` with a table of
-// (j & 15) - 8 turns the low nibbles into the first and, after a shift, the high nibbles into the
-// second. Weights are unpacked once per panel and call into an L1/L2 buffer and reused by every
-// 16-row tile of the call.
+// from the int8 rows with one XOR), the B tile 16 outputs of the weights as s8 in the VNNI order
+// `tdpbusd` reads (row r: columns 4r..4r+3 of each of the 16 outputs). In qu4_p16k8 one 64-byte
+// chunk of a panel is exactly two such rows in offset nibbles: `vpermb` with a table of
+// (j & 15) - 8 turns the low nibbles into the first and, after a shift, the high nibbles into
+// the second.
+//
+// Blocking: K in blocks whose activation columns (all rows of the call) fit in a few KiB; per
+// block and panel of 16 outputs the weights are unpacked once into an L1 buffer and read by every
+// 16-row tile of the call; each tile's running sums live in a per-call buffer between blocks.
 //
 // Results equal the avx512vnni GEMM's to the bit (the set switches between the two by rows per
 // call, and a row's result must not depend on its call): each scale group's int32 sum is
 // SUM (q + 128) * w started from -128 * SUM w (a per-group, per-output vector made while
 // unpacking, loaded into the accumulator tile with stride 0), which is SUM q * w exactly; it is
-// converted and multiplied by the group's scales in the same order, and the epilogue is the same
-// arithmetic. Channelwise: one sum over K, corrected in int32 by (128 + zp) * SUM w.
+// multiplied by the group's scales and added in ascending group order, and the epilogue is the
+// same arithmetic. Channelwise: one sum over K, corrected in int32 by (128 + zp) * SUM w.
 //
-// Tiles: 0, 1 int32 sums (16 x 16, alternating by group so that one group's store and f32
-// scaling overlap the next group's `tdpbusd`); 2, 3 activations (16 rows x kStep bytes); 4, 5
-// weights (kStep / 4 rows x 64 bytes). kStep = 32 when the group length is an odd multiple of 32
-// (g = 32: a group is half a tile's depth), else 64.
+// Tiles: 0-3 int32 sums (16 x 16; scale groups take them in rotation, a group's sums being
+// stored and scaled in f32 three groups after its `tdpbusd` were issued, so that the AVX-512
+// scaling overlaps the tile unit's work); 4, 5 activations (16 rows x kStep bytes); 6, 7 weights
+// (kStep / 4 rows x 64 bytes). kStep = 32 when the group length is an odd multiple of 32 (g = 32:
+// a group is half a tile's depth), else 64.
 #pragma once
 
 #if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VNNI__) || \
@@ -31,6 +35,8 @@
 #include <immintrin.h>
 
 #include <cassert>
+#include <algorithm>
+#include <bit>
 #include <cstdlib>
 #include <memory>
 
@@ -41,19 +47,26 @@ namespace w4a8moe::detail {
 namespace {
 
 constexpr int64_t kAmxPanel = 16;
+// Group sums start at this integer, so that a sum i is stored as the f32 bits of 1.5 * 2^23 + i
+// (exact for |i| < 2^22, which holds for groups of up to 4096 columns: |i| <= 1024 * g): one
+// f32 subtraction gives i as f32, the value vcvtdq2ps would give, without the conversion, which
+// issues on one port only on Intel cores.
+constexpr int32_t kFloatBias = 0x4B400000;
+constexpr float kFloatBiasValue = 12582912.0f;
+static_assert(std::bit_cast<float>(kFloatBias) == kFloatBiasValue);
 
 TileConfig amx_config(int k_step) {
   TileConfig c;
   c.palette = 1;
-  for (int t = 0; t < 2; ++t) {
+  for (int t = 0; t < 4; ++t) {
     c.rows[t] = 16;
     c.colsb[t] = 64;
   }
-  for (int t = 2; t < 4; ++t) {
+  for (int t = 4; t < 6; ++t) {
     c.rows[t] = 16;
     c.colsb[t] = static_cast<uint16_t>(k_step);
   }
-  for (int t = 4; t < 6; ++t) {
+  for (int t = 6; t < 8; ++t) {
     c.rows[t] = static_cast<uint8_t>(k_step / 4);
     c.colsb[t] = 64;
   }
@@ -62,6 +75,7 @@ TileConfig amx_config(int k_step) {
 
 // The configuration this thread has loaded for this backend (0: none).
 thread_local int t_amx_k_step = 0;
+
 
 template <class Tiles>
 void amx_configure(int k_step) {
@@ -85,9 +99,9 @@ struct AmxBuffers {
   struct Free {
     void operator()(uint8_t* p) const noexcept { std::free(p); }
   };
-  std::unique_ptr<uint8_t, Free> a, w, group;
-  size_t a_bytes = 0, w_bytes = 0, group_bytes = 0;
-  alignas(64) int32_t c[2][16 * 16];
+  std::unique_ptr<uint8_t, Free> a, w, group, acc;
+  size_t a_bytes = 0, w_bytes = 0, group_bytes = 0, acc_bytes = 0;
+  alignas(64) int32_t c[4][16 * 16];
 
   static uint8_t* grow(std::unique_ptr<uint8_t, Free>& p, size_t& have, size_t want) {
     if (want > have) {
@@ -121,173 +135,286 @@ inline __m512 amx_load_scales(const uint8_t* base, DType dtype, int64_t index) {
   }
 }
 
-// The rows of the call as u8 (q + 128), a_stride bytes apart, padded with zero rows to a
-// multiple of 16.
-void amx_stage_rows(const GemmArgs& args, int64_t cols, int64_t a_stride, uint8_t* a) {
+// Columns [k0, k0 + len) of the call's rows as u8 (q + 128), `stride` bytes apart, padded with
+// zero rows to a multiple of 16.
+void amx_stage_block(const GemmArgs& args, int64_t k0, int64_t len, int64_t stride, uint8_t* a) {
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   const int64_t rows16 = (args.m + 15) / 16 * 16;
   for (int64_t r = 0; r < args.m; ++r) {
-    const auto* src = static_cast<const uint8_t*>(args.a[r].data);
-    uint8_t* dst = a + r * a_stride;
+    const uint8_t* src = static_cast<const uint8_t*>(args.a[r].data) + k0;
+    uint8_t* dst = a + r * stride;
     int64_t k = 0;
-    for (; k + 64 <= cols; k += 64)
+    for (; k + 64 <= len; k += 64)
       _mm512_storeu_si512(dst + k, _mm512_xor_si512(_mm512_loadu_si512(src + k), flip));
-    if (k < cols) {  // cols is a multiple of 32
+    if (k < len) {  // len is a multiple of 32
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k),
-                          _mm256_xor_si256(v, _mm512_castsi512_si256(flip)));
+                         _mm256_xor_si256(v, _mm512_castsi512_si256(flip)));
     }
   }
-  for (int64_t r = args.m; r < rows16; ++r) std::memset(a + r * a_stride, 0, static_cast<size_t>(cols));
+  for (int64_t r = args.m; r < rows16; ++r) std::memset(a + r * stride, 0, static_cast<size_t>(len));
 }
 
-// One panel of 16 outputs: the weights as s8 VNNI rows (w + k * 16 for column k, a multiple of
-// 4), and per scale group the accumulator start -128 * SUM w (int32 x 16) and the scales as f32.
-void amx_unpack_panel(const Geometry& g, const uint8_t* panel_weights, const uint8_t* scales,
-                      int64_t panel, uint8_t* w, int32_t* start, float* scale, Prefetcher& pf) {
+// Columns [k0, k0 + len) of one panel of 16 outputs: the weights as s8 VNNI rows (w + (k - k0) *
+// 16 for column k, a multiple of 4), and per scale group of the block the accumulator start
+// sum_bias - 128 * SUM w (int32 x 16) and the scales as f32 (channelwise: the panel's scales).
+void amx_unpack_block(const Geometry& g, const uint8_t* panel_weights, const uint8_t* scales,
+                      int64_t panel, int64_t k0, int64_t len, uint8_t* w, int32_t* start,
+                      float* scale, int32_t sum_bias, Prefetcher& pf) {
   alignas(64) static constexpr int8_t kTable[64] = {
       -8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3,
       -2, -1, 0,  1,  2,  3,  4,  5,  6, 7, -8, -7, -6, -5, -4, -3, -2, -1, 0, 1,
       2,  3,  4,  5,  6,  7,  -8, -7, -6, -5, -4, -3, -2, -1, 0,  1,  2,  3, 4, 5, 6, 7};
   const __m512i table = _mm512_load_si512(kTable);
   const __m512i u128 = _mm512_set1_epi8(static_cast<char>(0x80));
-  const bool channelwise = g.group_size < 0;
+  if (g.group_size < 0) {
+    for (int64_t c = k0 / 8; c < (k0 + len) / 8; ++c) {
+      const __m512i raw = _mm512_loadu_si512(panel_weights + c * 64);
+      uint8_t* dst = w + (c * 8 - k0) * 16;
+      _mm512_store_si512(dst, _mm512_permutexvar_epi8(raw, table));
+      _mm512_store_si512(dst + 64, _mm512_permutexvar_epi8(_mm512_srli_epi16(raw, 4), table));
+    }
+    pf.step(len / 32);
+    _mm512_store_ps(scale, amx_load_scales(scales, g.scale_dtype, panel * kAmxPanel));
+    return;
+  }
   const int64_t chunks_per_group = g.group_len / 8;
-  for (int64_t b = 0; b < g.groups; ++b) {
-    __m512i sum = _mm512_setzero_si512();
+  for (int64_t b = k0 / g.group_len; b < (k0 + len) / g.group_len; ++b) {
+    // SUM w per output: one vpdpbusd per chunk on lo + hi (each in [-16, 14]), four
+    // independent chains
+    __m512i sum[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                      _mm512_setzero_si512()};
     for (int64_t c = b * chunks_per_group; c < (b + 1) * chunks_per_group; ++c) {
       const __m512i raw = _mm512_loadu_si512(panel_weights + c * 64);
       const __m512i lo = _mm512_permutexvar_epi8(raw, table);
       const __m512i hi = _mm512_permutexvar_epi8(_mm512_srli_epi16(raw, 4), table);
-      _mm512_store_si512(w + c * 128, lo);
-      _mm512_store_si512(w + c * 128 + 64, hi);
-      if (!channelwise) sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(sum, u128, lo), u128, hi);
+      uint8_t* dst = w + (c * 8 - k0) * 16;
+      _mm512_store_si512(dst, lo);
+      _mm512_store_si512(dst + 64, hi);
+      sum[c & 3] = _mm512_dpbusd_epi32(sum[c & 3], u128, _mm512_add_epi8(lo, hi));
     }
     pf.step(chunks_per_group);
-    if (!channelwise) {
-      _mm512_store_si512(start + b * 16, _mm512_sub_epi32(_mm512_setzero_si512(), sum));
-      _mm512_store_ps(scale + b * 16,
-                      amx_load_scales(scales, g.scale_dtype, (panel * g.groups + b) * kAmxPanel));
-    }
+    const __m512i total =
+        _mm512_add_epi32(_mm512_add_epi32(sum[0], sum[1]), _mm512_add_epi32(sum[2], sum[3]));
+    const int64_t local = b - k0 / g.group_len;
+    _mm512_store_si512(start + local * 16, _mm512_sub_epi32(_mm512_set1_epi32(sum_bias), total));
+    _mm512_store_ps(scale + local * 16,
+                    amx_load_scales(scales, g.scale_dtype, (panel * g.groups + b) * kAmxPanel));
   }
-  if (channelwise)
-    _mm512_store_ps(scale, amx_load_scales(scales, g.scale_dtype, panel * kAmxPanel));
 }
 
-// One 16-row tile (rows [r0, r0 + rows) of the call) against one unpacked panel at output n0.
-template <class Tiles, int kStep, bool kChannelwise>
-void amx_tile(const GemmArgs& args, int64_t n0, int64_t r0, int64_t rows, const uint8_t* a,
-              int64_t a_stride, const uint8_t* w, const int32_t* start, const float* scale,
-              AmxBuffers& buf) {
-  const Geometry& g = *args.geometry;
-  const int64_t steps = g.group_len / kStep;
+// One 16-row tile against one unpacked panel block of `len` columns. `acc` holds the tile's
+// running sums between blocks: f32 x 16 x 16 for scale groups (the group sums scaled and added,
+// in ascending group order), int32 for channelwise; `first` starts them at zero.
+// kSteps: steps of kStep per scale group when known at compile time (g = 32, 64, 128), else 0.
+// kBiased: the group sums carry kFloatBias (groups of up to 4096 columns).
+template <class Tiles, int kStep, int kSteps, bool kChannelwise, bool kBiased>
+void amx_tile_block(const Geometry& g, const uint8_t* a, int64_t a_stride, const uint8_t* w,
+                    const int32_t* start, const float* scale, int64_t len, int32_t (&acc)[256],
+                    bool first, AmxBuffers& buf) {
+  const int64_t steps = kSteps > 0 ? kSteps : g.group_len / kStep;
   // one step of depth kStep at column k into sum tile C, with operand tiles of parity P
   auto step = [&]<int C, int P>(int64_t k) __attribute__((always_inline)) {
-    Tiles::template load<2 + P>(a + k, a_stride);
-    Tiles::template load<4 + P>(w + k * 16, 64);
-    Tiles::template dpbusd<C, 2 + P, 4 + P>();
-  };
-  auto group = [&]<int C>(int64_t b) __attribute__((always_inline)) {
-    if constexpr (kChannelwise)
-      Tiles::template zero<C>();
-    else
-      Tiles::template load<C>(start + b * 16, 0);
-    const int64_t k0 = b * g.group_len;
-    int64_t s = 0;
-    for (; s + 2 <= steps; s += 2) {
-      step.template operator()<C, C>(k0 + s * kStep);
-      step.template operator()<C, 1 - C>(k0 + (s + 1) * kStep);
-    }
-    if (s < steps) step.template operator()<C, C>(k0 + s * kStep);
+    Tiles::template load<4 + P>(a + k, a_stride);
+    Tiles::template load<6 + P>(w + k * 16, 64);
+    Tiles::template dpbusd<C, 4 + P, 6 + P>();
   };
 
+  if constexpr (kChannelwise) {
+    if (first)
+      Tiles::template zero<0>();
+    else
+      Tiles::template load<0>(acc, 64);
+    int64_t k = 0;
+    for (; k + 2 * kStep <= len; k += 2 * kStep) {
+      step.template operator()<0, 0>(k);
+      step.template operator()<0, 1>(k + kStep);
+    }
+    if (k < len) step.template operator()<0, 0>(k);
+    Tiles::template store<0>(acc);
+  } else {
+    auto group = [&]<int C>(int64_t b) __attribute__((always_inline)) {
+      Tiles::template load<C>(start + b * 16, 0);
+      const int64_t k0 = b * (kSteps > 0 ? kSteps * kStep : g.group_len);
+      if constexpr (kSteps == 1) {
+        step.template operator()<C, C % 2>(k0);
+      } else if constexpr (kSteps == 2) {
+        step.template operator()<C, C % 2>(k0);
+        step.template operator()<C, 1 - C % 2>(k0 + kStep);
+      } else {
+        int64_t s = 0;
+        for (; s + 2 <= steps; s += 2) {
+          step.template operator()<C, C % 2>(k0 + s * kStep);
+          step.template operator()<C, 1 - C % 2>(k0 + (s + 1) * kStep);
+        }
+        if (s < steps) step.template operator()<C, C % 2>(k0 + s * kStep);
+      }
+    };
+    float* accf = reinterpret_cast<float*>(acc);
+    __m512 f[16];
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; ++r) f[r] = first ? _mm512_setzero_ps() : _mm512_load_ps(accf + r * 16);
+    // Group b's sums leave tile b % 4 for buffer b % 4 kLag groups after its `tdpbusd` were
+    // issued (the tile unit has finished them by then), and are read back one group later still
+    // (a vector load right behind a tile store of the same line waits for the store to
+    // complete): the f32 sums take group b - 1 when group b is stored.
+    constexpr int kLag = 3;
+    const __m512 bias_value = _mm512_set1_ps(kFloatBiasValue);
+    auto accumulate = [&](int64_t b) __attribute__((always_inline)) {
+      const __m512 s = _mm512_load_ps(scale + b * 16);
+      const int32_t* c = buf.c[b % 4];
+#pragma GCC unroll 16
+      for (int r = 0; r < 16; ++r) {
+        const __m512 sum =
+            kBiased ? _mm512_sub_ps(_mm512_load_ps(reinterpret_cast<const float*>(c) + r * 16),
+                                    bias_value)
+                    : _mm512_cvtepi32_ps(_mm512_load_si512(c + r * 16));
+        f[r] = _mm512_fmadd_ps(sum, s, f[r]);
+      }
+    };
+    auto scale_group = [&]<int C>(int64_t b) __attribute__((always_inline)) {
+      Tiles::template store<C>(buf.c[C]);
+      if (b > 0) accumulate(b - 1);
+    };
+    const int64_t groups = len / g.group_len;
+    auto slot = [&]<int T>(int64_t b) __attribute__((always_inline)) {
+      if (b < groups) group.template operator()<T>(b);
+      if (b >= kLag && b - kLag < groups)
+        scale_group.template operator()<(T + 4 - kLag) % 4>(b - kLag);
+    };
+    int64_t b = 0;
+    // steady state: four groups issued, four scaled, no conditions
+    if (groups >= 4 + kLag) {
+      slot.template operator()<0>(0);
+      slot.template operator()<1>(1);
+      slot.template operator()<2>(2);
+      slot.template operator()<3>(3);
+      for (b = 4; b + 4 <= groups; b += 4) {
+        group.template operator()<0>(b);
+        scale_group.template operator()<(4 - kLag) % 4>(b - kLag);
+        group.template operator()<1>(b + 1);
+        scale_group.template operator()<(5 - kLag) % 4>(b + 1 - kLag);
+        group.template operator()<2>(b + 2);
+        scale_group.template operator()<(6 - kLag) % 4>(b + 2 - kLag);
+        group.template operator()<3>(b + 3);
+        scale_group.template operator()<(7 - kLag) % 4>(b + 3 - kLag);
+      }
+    }
+    for (; b < groups + kLag; b += 4) {
+      slot.template operator()<0>(b);
+      slot.template operator()<1>(b + 1);
+      slot.template operator()<2>(b + 2);
+      slot.template operator()<3>(b + 3);
+    }
+    accumulate(groups - 1);
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; ++r) _mm512_store_ps(accf + r * 16, f[r]);
+  }
+}
+
+// The epilogue of one 16-row tile at output n0, from its sums, as the avx512vnni GEMM's:
+// scale groups: c = recip * (sum - zp * correction) + bias;
+// channelwise:  c = (recip * s) * (sum - (128 + zp) * SUM w) + bias (the sum is of q + 128).
+template <bool kChannelwise>
+void amx_epilogue(const GemmArgs& args, int64_t n0, int64_t r0, int64_t rows,
+                  const int32_t (&acc)[256], const float* channel_scale) {
+  const Geometry& g = *args.geometry;
   const uint8_t* corr = args.expert + g.correction_offset + n0 * 4;
   const __m512 bias =
       g.has_bias
           ? _mm512_loadu_ps(reinterpret_cast<const float*>(args.expert + g.bias_offset) + n0)
           : _mm512_setzero_ps();
   float* out = args.c + r0 * args.c_stride + (n0 - args.n_begin);
-
   if constexpr (kChannelwise) {
-    group.template operator()<0>(0);
-    Tiles::template store<0>(buf.c[0], 64);
     const __m512i wsum = _mm512_loadu_si512(corr);
-    const __m512 s = _mm512_load_ps(scale);
+    const __m512 s = _mm512_load_ps(channel_scale);
     for (int64_t r = 0; r < rows; ++r) {
       const QuantRow& q = args.a[r0 + r];
-      const __m512i exact = _mm512_sub_epi32(_mm512_load_si512(buf.c[0] + r * 16),
+      const __m512i exact = _mm512_sub_epi32(_mm512_load_si512(acc + r * 16),
                                              _mm512_mullo_epi32(wsum, _mm512_set1_epi32(q.zp + 128)));
       const __m512 rs = _mm512_mul_ps(_mm512_set1_ps(q.recip), s);
       _mm512_storeu_ps(out + r * args.c_stride, _mm512_fmadd_ps(rs, _mm512_cvtepi32_ps(exact), bias));
     }
   } else {
-    __m512 acc[16];
-#pragma GCC unroll 16
-    for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
-    auto scale_group = [&]<int C>(int64_t b) __attribute__((always_inline)) {
-      Tiles::template store<C>(buf.c[C], 64);
-      const __m512 s = _mm512_load_ps(scale + b * 16);
-#pragma GCC unroll 16
-      for (int r = 0; r < 16; ++r)
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(buf.c[C] + r * 16)), s, acc[r]);
-    };
-    const int64_t groups = g.groups;
-    group.template operator()<0>(0);
-    int64_t b = 1;
-    for (; b + 1 < groups; b += 2) {
-      group.template operator()<1>(b);
-      scale_group.template operator()<0>(b - 1);
-      group.template operator()<0>(b + 1);
-      scale_group.template operator()<1>(b);
-    }
-    if (b < groups) {
-      group.template operator()<1>(b);
-      scale_group.template operator()<0>(b - 1);
-      scale_group.template operator()<1>(b);
-    } else {
-      scale_group.template operator()<0>(b - 1);
-    }
-    // c = recip * (acc - zp * correction) + bias, as the avx512vnni epilogue
     const __m512 zsum = _mm512_loadu_ps(reinterpret_cast<const float*>(corr));
-#pragma GCC unroll 16
-    for (int r = 0; r < 16; ++r) {
-      if (r < rows) {
-        const QuantRow& q = args.a[r0 + r];
-        const __m512 v = _mm512_fnmadd_ps(_mm512_set1_ps(static_cast<float>(q.zp)), zsum, acc[r]);
-        _mm512_storeu_ps(out + r * args.c_stride, _mm512_fmadd_ps(_mm512_set1_ps(q.recip), v, bias));
-      }
+    const float* accf = reinterpret_cast<const float*>(acc);
+    for (int64_t r = 0; r < rows; ++r) {
+      const QuantRow& q = args.a[r0 + r];
+      const __m512 v = _mm512_fnmadd_ps(_mm512_set1_ps(static_cast<float>(q.zp)), zsum,
+                                        _mm512_load_ps(accf + r * 16));
+      _mm512_storeu_ps(out + r * args.c_stride, _mm512_fmadd_ps(_mm512_set1_ps(q.recip), v, bias));
     }
   }
 }
 
-template <class Tiles, int kStep, bool kChannelwise>
+// Blocks of K: A holds the block's columns of every row (at most kABlockBytes), each panel's
+// unpacked block is written once and read by every 16-row tile, and all of them stay in L1.
+constexpr int64_t kABlockBytes = 16 * 1024;
+
+template <class Tiles, int kStep, int kSteps, bool kChannelwise, bool kBiased = !kChannelwise>
 void amx_gemm_shaped(const GemmArgs& args) {
   const Geometry& g = *args.geometry;
   AmxBuffers& buf = amx_buffers();
   const int64_t cols = g.cols_padded;
-  // rows one line longer than the columns: tile loads at a stride of a large power of two would
-  // map all 16 rows onto two L1 sets
-  const int64_t a_stride = cols + 64;
-  const int64_t rows16 = (args.m + 15) / 16 * 16;
+  const int64_t rows16 = (args.m + 15) / 16 * 16, tiles = rows16 / 16;
+  const int64_t panels = (args.n_end - args.n_begin + kAmxPanel - 1) / kAmxPanel;
+  const int64_t want = std::clamp<int64_t>(kABlockBytes / rows16 / 64 * 64, 128, 1024);
+  const int64_t block =
+      kChannelwise ? std::min(cols, want) : g.group_len * std::max<int64_t>(1, want / g.group_len);
+  const int64_t a_stride = block + 64;  // a large power of two would put all rows in two sets
+  const int64_t block_groups = kChannelwise ? 1 : block / g.group_len;
   uint8_t* a = AmxBuffers::grow(buf.a, buf.a_bytes, static_cast<size_t>(rows16 * a_stride));
-  uint8_t* w = AmxBuffers::grow(buf.w, buf.w_bytes, static_cast<size_t>(cols * 16));
-  uint8_t* per_group =
-      AmxBuffers::grow(buf.group, buf.group_bytes, static_cast<size_t>(g.groups * 128));
-  auto* start = reinterpret_cast<int32_t*>(per_group);
-  auto* scale = reinterpret_cast<float*>(per_group + g.groups * 64);
-  amx_stage_rows(args, cols, a_stride, a);
+  // two panels' blocks: the next panel is unpacked while the tiles of this one run, so that tile
+  // loads do not read lines that vector stores have just written (tile loads take no store
+  // forwarding)
+  const size_t w_bytes = static_cast<size_t>(block * 16),
+               group_bytes = static_cast<size_t>(block_groups * 128);
+  uint8_t* w_base = AmxBuffers::grow(buf.w, buf.w_bytes, 2 * w_bytes);
+  uint8_t* group_base = AmxBuffers::grow(buf.group, buf.group_bytes, 2 * group_bytes);
+  auto* acc = reinterpret_cast<int32_t (*)[256]>(
+      AmxBuffers::grow(buf.acc, buf.acc_bytes, static_cast<size_t>(tiles * panels) * 1024));
   amx_configure<Tiles>(kStep);
 
   Prefetcher pf(args);
   const int64_t panel_bytes = kAmxPanel * g.row_weight_bytes;
   const uint8_t* scales = args.expert + g.scales_offset;
-  for (int64_t n0 = args.n_begin; n0 < args.n_end; n0 += kAmxPanel) {
-    const int64_t panel = n0 / kAmxPanel;
-    amx_unpack_panel(g, args.expert + g.weights_offset + panel * panel_bytes, scales, panel, w,
-                     start, scale, pf);
-    for (int64_t r0 = 0; r0 < args.m; r0 += 16)
-      amx_tile<Tiles, kStep, kChannelwise>(args, n0, r0, std::min<int64_t>(16, args.m - r0),
-                                           a + r0 * a_stride, a_stride, w, start, scale, buf);
+  const int64_t first_panel = args.n_begin / kAmxPanel;
+  auto half = [&](int64_t p) { return static_cast<size_t>(p & 1); };
+  auto start_of = [&](int64_t p) {
+    return reinterpret_cast<int32_t*>(group_base + half(p) * group_bytes);
+  };
+  auto scale_of = [&](int64_t p) {
+    return reinterpret_cast<float*>(group_base + half(p) * group_bytes + block_groups * 64);
+  };
+  for (int64_t k0 = 0; k0 < cols; k0 += block) {
+    const int64_t len = std::min(block, cols - k0);
+    amx_stage_block(args, k0, len, a_stride, a);
+    auto unpack = [&](int64_t p) {
+      const int64_t panel = first_panel + p;
+      amx_unpack_block(g, args.expert + g.weights_offset + panel * panel_bytes, scales, panel, k0,
+                       len, w_base + half(p) * w_bytes, start_of(p), scale_of(p),
+                       kBiased ? kFloatBias : 0, pf);
+    };
+    unpack(0);
+    for (int64_t p = 0; p < panels; ++p) {
+      if (p + 1 < panels) unpack(p + 1);
+      amx_memory_barrier();  // the staged rows and the unpacked block are in memory
+      for (int64_t t = 0; t < tiles; ++t)
+        amx_tile_block<Tiles, kStep, kSteps, kChannelwise, kBiased>(
+            g, a + t * 16 * a_stride, a_stride, w_base + half(p) * w_bytes, start_of(p),
+            scale_of(p), len, acc[t * panels + p], k0 == 0, buf);
+    }
+  }
+  // channelwise: the panel's scales again (the blocks' buffers have been reused)
+  alignas(64) float channel_scale[16];
+  for (int64_t p = 0; p < panels; ++p) {
+    if constexpr (kChannelwise)
+      _mm512_store_ps(channel_scale,
+                      amx_load_scales(scales, g.scale_dtype, (first_panel + p) * kAmxPanel));
+    for (int64_t t = 0; t < tiles; ++t)
+      amx_epilogue<kChannelwise>(args, args.n_begin + p * kAmxPanel, t * 16,
+                                 std::min<int64_t>(16, args.m - t * 16), acc[t * panels + p],
+                                 channel_scale);
   }
 }
 
@@ -295,17 +422,26 @@ template <class Tiles>
 void amx_gemm(const GemmArgs& args) {
   assert(args.m >= 1 && args.n_begin % kAmxPanel == 0);
   const Geometry& g = *args.geometry;
-  const bool channelwise = g.group_size < 0;
-  if (g.group_len % 64 == 0) {
-    if (channelwise)
-      amx_gemm_shaped<Tiles, 64, true>(args);
+  if (g.group_size < 0) {
+    if (g.cols_padded % 64 == 0)
+      amx_gemm_shaped<Tiles, 64, 0, true>(args);
     else
-      amx_gemm_shaped<Tiles, 64, false>(args);
+      amx_gemm_shaped<Tiles, 32, 0, true>(args);
+  } else if (g.group_len == 32) {
+    amx_gemm_shaped<Tiles, 32, 1, false>(args);
+  } else if (g.group_len == 64) {
+    amx_gemm_shaped<Tiles, 64, 1, false>(args);
+  } else if (g.group_len == 128) {
+    amx_gemm_shaped<Tiles, 64, 2, false>(args);
+  } else if (g.group_len > 4096) {
+    if (g.group_len % 64 == 0)
+      amx_gemm_shaped<Tiles, 64, 0, false, false>(args);
+    else
+      amx_gemm_shaped<Tiles, 32, 0, false, false>(args);
+  } else if (g.group_len % 64 == 0) {
+    amx_gemm_shaped<Tiles, 64, 0, false>(args);
   } else {
-    if (channelwise)
-      amx_gemm_shaped<Tiles, 32, true>(args);
-    else
-      amx_gemm_shaped<Tiles, 32, false>(args);
+    amx_gemm_shaped<Tiles, 32, 0, false>(args);
   }
 }
 

@@ -5,7 +5,7 @@
 
 namespace w4a8moe::detail::amxemu {
 
-void gemm_qa8_qu4p16(const GemmArgs& args) { amx_gemm<ModelTiles>(args); }
+void gemm_tiles(const GemmArgs& args) { amx_gemm<ModelTiles>(args); }
 void thread_begin() { amx_configure<ModelTiles>(64); }
 void thread_end() { amx_release<ModelTiles>(); }
 

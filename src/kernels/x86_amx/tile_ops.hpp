@@ -3,6 +3,12 @@
 //   ModelTiles a software model of them, exact to the instruction's semantics, so the GEMM
 //              compiled against it runs (and is tested) on CPUs without AMX.
 // Tile numbers are template arguments, as the instructions encode them.
+//
+// Memory: tile loads tell the compiler nothing about what they read (a strided 2-D region has
+// no operand form), so the caller puts a compiler barrier (amx_memory_barrier) between writing
+// a buffer and loading tiles from it. A tile store names the 1 KiB it writes, so the vector code
+// that reads the stored tile is ordered after it; nothing else is clobbered, and the caller's
+// f32 sums stay in registers.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +26,8 @@ struct alignas(64) TileConfig {
 };
 static_assert(sizeof(TileConfig) == 64);
 
+inline void amx_memory_barrier() { __asm__ volatile("" ::: "memory"); }
+
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__)
 struct AmxTiles {
   static inline void configure(const TileConfig& c) {
@@ -32,11 +40,14 @@ struct AmxTiles {
   }
   template <int T>
   static inline void load(const void* base, int64_t stride) {
-    __asm__ volatile("tileloadd (%0,%1,1), %%tmm%c2" ::"r"(base), "r"(stride), "i"(T) : "memory");
+    __asm__ volatile("tileloadd (%0,%1,1), %%tmm%c2" ::"r"(base), "r"(stride), "i"(T));
   }
+  // Stores 16 rows of 64 bytes, 64 bytes apart (the only store shape the GEMM uses).
   template <int T>
-  static inline void store(void* base, int64_t stride) {
-    __asm__ volatile("tilestored %%tmm%c2, (%0,%1,1)" ::"r"(base), "r"(stride), "i"(T) : "memory");
+  static inline void store(int32_t (&dst)[256]) {
+    __asm__ volatile("tilestored %%tmm%c2, (%1,%3,1)"
+                     : "=m"(dst)
+                     : "r"(&dst[0]), "i"(T), "r"(int64_t{64}));
   }
   // C += A (u8, rows x 4K) . B (s8, K rows x 4N, VNNI), int32 sums, wrapping
   template <int C, int A, int B>
@@ -86,11 +97,10 @@ struct ModelTiles {
       std::memcpy(s.tile[T][r], static_cast<const uint8_t*>(base) + r * stride, s.config.colsb[T]);
   }
   template <int T>
-  static void store(void* base, int64_t stride) {
+  static void store(int32_t (&dst)[256]) {
     State& s = state();
-    check(s.configured && s.config.rows[T] > 0);
-    for (int r = 0; r < s.config.rows[T]; ++r)
-      std::memcpy(static_cast<uint8_t*>(base) + r * stride, s.tile[T][r], s.config.colsb[T]);
+    check(s.configured && s.config.rows[T] == 16 && s.config.colsb[T] == 64);
+    std::memcpy(dst, s.tile[T], sizeof dst);
   }
   // C[m][n] += SUM_k SUM_j u8(A[m][4k + j]) * s8(B[k][4n + j]), modulo 2^32.
   template <int C, int A, int B>
