@@ -11,10 +11,14 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#if defined(__x86_64__)
+#include "kernels/x86_amx/amx_kernels.hpp"
+#endif
 #include "pack/packed_format.hpp"
 #include "registry.hpp"
 #include "w4a8moe/probe.hpp"
@@ -114,7 +118,7 @@ BENCHMARK(BM_Layer)
 
 // One GEMM micro-kernel call over a 64-row slice of an expert of K = 2048 (hot in cache), with
 // weight groups of 32, 128 or channelwise.
-void BM_Gemm(benchmark::State& state, const detail::KernelSet* set) {
+void BM_Gemm(benchmark::State& state, const detail::KernelSet* set, detail::GemmFn fn) {
   if (!set->usable(cpu_features())) {
     state.SkipWithError("kernel set not usable on this CPU");
     return;
@@ -157,7 +161,10 @@ void BM_Gemm(benchmark::State& state, const detail::KernelSet* set) {
   args.c_stride = N;
   const auto t0 = std::chrono::steady_clock::now();
   for (auto _ : state) {
-    set->gemm(args);
+    if (fn != nullptr)
+      fn(args);
+    else
+      set->gemm(args);
     benchmark::DoNotOptimize(c.data());
   }
   const double seconds = seconds_since(t0);
@@ -166,13 +173,25 @@ void BM_Gemm(benchmark::State& state, const detail::KernelSet* set) {
   state.counters["of_mac_peak"] = fraction_of(macs, seconds, limits().peak[set->name].first);
 }
 
+
 const int kRegistered = [] {
   for (const detail::KernelSet& set : detail::kernel_table()) {
     if (set.model_only) continue;  // a software model: its speed means nothing
-    benchmark::RegisterBenchmark((std::string("BM_Gemm/") + set.name).c_str(), BM_Gemm, &set)
-        ->ArgsProduct({benchmark::CreateDenseRange(1, static_cast<int>(set.tile_m), 1), {32, 64, 128, 256, -1}})
+    benchmark::RegisterBenchmark((std::string("BM_Gemm/") + set.name).c_str(), BM_Gemm, &set,
+                                 nullptr)
+        ->ArgsProduct({benchmark::CreateDenseRange(1, static_cast<int>(set.tile_m), 1),
+                       {32, 64, 128, 256, -1}})
         ->ArgNames({"m", "g"});
   }
+#if defined(__x86_64__)
+  // the amx set's tile GEMM alone, whatever the set's choice by rows
+  for (const detail::KernelSet& set : detail::kernel_table())
+    if (std::string_view(set.name) == "amx")
+      benchmark::RegisterBenchmark("BM_Gemm/amx-tiles", BM_Gemm, &set, detail::amx::gemm_tiles)
+          ->ArgsProduct({benchmark::CreateDenseRange(1, static_cast<int>(set.tile_m), 1),
+                         {32, 64, 128, 256, -1}})
+          ->ArgNames({"m", "g"});
+#endif
   return 0;
 }();
 

@@ -14,11 +14,10 @@
 // 16-row tile of the call; each tile's running sums live in a per-call buffer between blocks.
 //
 // Results equal the avx512vnni GEMM's to the bit (the set switches between the two by rows per
-// call, and a row's result must not depend on its call): each scale group's int32 sum is
-// SUM (q + 128) * w started from -128 * SUM w (a per-group, per-output vector made while
-// unpacking, loaded into the accumulator tile with stride 0), which is SUM q * w exactly; it is
-// multiplied by the group's scales and added in ascending group order, and the epilogue is the
-// same arithmetic. Channelwise: one sum over K, corrected in int32 by (128 + zp) * SUM w.
+// call, and a row's result must not depend on its call): each scale group's int32 sum
+// SUM (q + 128) * w plus -128 * SUM w (a per-group, per-output vector made while unpacking) is
+// SUM q * w exactly; it is multiplied by the group's scales and added in ascending group order,
+// and the epilogue is the same arithmetic. Channelwise: one sum over K, corrected in int32 by (128 + zp) * SUM w.
 //
 // Tiles: 0-3 int32 sums (16 x 16; scale groups take them in rotation, a group's sums being
 // stored and scaled in f32 three groups after its `tdpbusd` were issued, so that the AVX-512
@@ -234,7 +233,7 @@ void amx_tile_block(const Geometry& g, const uint8_t* a, int64_t a_stride, const
     Tiles::template store<0>(acc);
   } else {
     auto group = [&]<int C>(int64_t b) __attribute__((always_inline)) {
-      Tiles::template load<C>(start + b * 16, 0);
+      Tiles::template zero<C>();
       const int64_t k0 = b * (kSteps > 0 ? kSteps * kStep : g.group_len);
       if constexpr (kSteps == 1) {
         step.template operator()<C, C % 2>(k0);
@@ -262,13 +261,15 @@ void amx_tile_block(const Geometry& g, const uint8_t* a, int64_t a_stride, const
     const __m512 bias_value = _mm512_set1_ps(kFloatBiasValue);
     auto accumulate = [&](int64_t b) __attribute__((always_inline)) {
       const __m512 s = _mm512_load_ps(scale + b * 16);
+      const __m512i st = _mm512_load_si512(start + b * 16);
       const int32_t* c = buf.c[b % 4];
 #pragma GCC unroll 16
       for (int r = 0; r < 16; ++r) {
-        const __m512 sum =
-            kBiased ? _mm512_sub_ps(_mm512_load_ps(reinterpret_cast<const float*>(c) + r * 16),
-                                    bias_value)
-                    : _mm512_cvtepi32_ps(_mm512_load_si512(c + r * 16));
+        // the group's start, added in int32 (a stride-0 tile load of it into the sum tile
+        // measured slower: tile loads and stores are the tile unit's scarce resource)
+        const __m512i raw = _mm512_add_epi32(_mm512_load_si512(c + r * 16), st);
+        const __m512 sum = kBiased ? _mm512_sub_ps(_mm512_castsi512_ps(raw), bias_value)
+                                   : _mm512_cvtepi32_ps(raw);
         f[r] = _mm512_fmadd_ps(sum, s, f[r]);
       }
     };
