@@ -418,16 +418,17 @@ void check_tile_gemm(detail::GemmFn tiles, const char* backend) {
     const detail::Geometry g = detail::read_geometry(packed.bytes(), "test");
     std::vector<QRowBuffer> buffers;
     std::vector<QuantRow> a;
-    for (int64_t r = 0; r < 64; ++r)
+    const int64_t rows = detail::kAmxTileM;
+    for (int64_t r = 0; r < rows; ++r)
       buffers.push_back(quantize(zmm, random_row(rng, sh.cols, static_cast<int>(r % 6)),
                                  g.cols_padded, g.group_len));
     for (auto& b : buffers) a.push_back(b.row);
     const int64_t width = (sh.rows + 15) / 16 * 16;
     // the zmm reference: one row per call
-    std::vector<float> want(static_cast<size_t>(64 * width), NAN);
-    for (int64_t r = 0; r < 64; ++r)
+    std::vector<float> want(static_cast<size_t>(rows * width), NAN);
+    for (int64_t r = 0; r < rows; ++r)
       gemm(zmm, packed, g, a.data() + r, 1, 0, sh.rows, want.data() + r * width, width);
-    for (int64_t m = 1; m <= 64; ++m) {
+    for (int64_t m = 1; m <= rows; ++m) {
       std::vector<float> got(static_cast<size_t>(m * width), NAN);
       detail::GemmArgs args;
       args.m = m;

@@ -37,7 +37,7 @@ struct QuantizeArgs {
   QuantRow* row = nullptr;  // receives recip, zp, data (= dst) and group_terms
 };
 
-inline constexpr int64_t kMaxTileM = 64;  // upper bound of every kernel set's tile_m
+inline constexpr int64_t kMaxTileM = 128;  // upper bound of every kernel set's tile_m
 
 // A byte range to bring towards the L2 cache while a kernel computes (the weights of the next
 // task of the calling thread, so that its first tile does not wait for DRAM).

@@ -285,6 +285,12 @@ int bench_command(const BenchOptions& o) {
   const double med_bytes = median(bytes);
   const double macs = static_cast<double>(T * K) * 3.0 * static_cast<double>(H * I);
   const double gbps = med_bytes / med_s;  // weight bytes of the distinct experts touched
+  // The roofline: the larger of reading the touched experts' weights once at the probed
+  // bandwidth and doing the MACs at the probed peak of the set in use (bandwidth alone when the
+  // set has no MAC probe).
+  const double memory_s = med_bytes / bandwidth;
+  const double compute_s = peak_macs > 0 ? macs / peak_macs : 0.0;
+  const double roofline_s = std::max(memory_s, compute_s);
 
   if (o.json) {
     nlohmann::json j;
@@ -310,6 +316,10 @@ int bench_command(const BenchOptions& o) {
     j["mac_fraction"] = peak_macs > 0 ? macs / med_s / peak_macs : 0.0;
     j["peak_gmac_per_s_1thread"] = peak_1 / 1e9;
     j["mac_probe_scaling"] = scaling;
+    j["roofline_ms"] = roofline_s * 1e3;
+    j["roofline_memory_ms"] = memory_s * 1e3;
+    j["roofline_compute_ms"] = compute_s * 1e3;
+    j["roofline_fraction"] = roofline_s / med_s;
     j["machine_degraded"] = degraded;
     j["pack_s"] = pack_s;  // with --packed: the time to open and verify the file
     if (from_file) j["packed_file"] = o.packed;
@@ -329,6 +339,9 @@ int bench_command(const BenchOptions& o) {
     if (peak_macs > 0)
       std::printf(" = %.1f%% of the int8 MAC peak", 100.0 * macs / med_s / peak_macs);
     std::printf("\n");
+    std::printf("  roofline max(weights / bandwidth %.3f ms, MACs / peak %.3f ms) = %.3f ms: the "
+                "forward at %.1f%% of it\n",
+                memory_s * 1e3, compute_s * 1e3, roofline_s * 1e3, 100.0 * roofline_s / med_s);
   }
   if (do_check && !(check.max_rel_err <= kCheckBound)) {
     std::fprintf(stderr, "w4a8moe bench: the correctness check failed: max rel err %.3e > %.0e\n",

@@ -13,13 +13,13 @@ namespace w4a8moe::detail {
 
 // Rows per call of the AMX GEMM, at most: every row of an expert's task up to this many shares
 // one unpacking of each weight panel.
-inline constexpr int64_t kAmxTileM = 64;
+inline constexpr int64_t kAmxTileM = 128;
 // Calls of up to this many rows always go to the zmm `vpdpbusd` GEMM (a 16-row tile would be
 // mostly empty).
 inline constexpr int64_t kAmxSmallMaxM = 4;
 
 // The fewest rows per call at which the tile GEMM beats the zmm GEMM, by scale group length
-// (cols_padded when channelwise), measured on a Xeon with AMX (docs/kernels.md, "amx"): the f32
+// (cols_padded when channelwise), measured on a Xeon with AMX (docs/amx.md): the f32
 // scaling of every group's sums is the tile GEMM's cost, so short groups need many rows.
 // Above kAmxTileM: never.
 int64_t amx_min_rows(int64_t group_len, bool channelwise);

@@ -2,7 +2,7 @@
 // compiled per backend: gemm_qa8_qu4p16_amx.cpp (the instructions), gemm_qa8_qu4p16_amxemu.cpp
 // (the software model). Internal linkage throughout, so the two copies never mix.
 //
-// Operands (docs/kernels.md, "amx"): the A tile holds 16 activation rows as u8 (q + 128, staged
+// Operands (docs/amx.md): the A tile holds 16 activation rows as u8 (q + 128, staged
 // from the int8 rows with one XOR), the B tile 16 outputs of the weights as s8 in the VNNI order
 // `tdpbusd` reads (row r: columns 4r..4r+3 of each of the 16 outputs). In qu4_p16k8 one 64-byte
 // chunk of a panel is exactly two such rows in offset nibbles: `vpermb` with a table of
@@ -41,6 +41,7 @@
 
 #include "kernels/common/prefetch.hpp"
 #include "kernels/x86_amx/tile_ops.hpp"
+#include "kernels/x86_avx512vnni/avx512vnni_kernels.hpp"
 
 namespace w4a8moe::detail {
 namespace {
@@ -107,8 +108,7 @@ struct AmxBuffers {
       p.reset();
       const size_t bytes = (want + 63) / 64 * 64;
       p.reset(static_cast<uint8_t*>(std::aligned_alloc(64, bytes)));
-      if (p == nullptr) std::abort();  // a few MiB at most (64 rows x 64 Ki columns)
-      have = bytes;
+      have = p == nullptr ? 0 : bytes;
     }
     return p.get();
   }
@@ -352,8 +352,9 @@ void amx_epilogue(const GemmArgs& args, int64_t n0, int64_t r0, int64_t rows,
 // unpacked block is written once and read by every 16-row tile, and all of them stay in L1.
 constexpr int64_t kABlockBytes = 16 * 1024;
 
+// False when this thread's buffers cannot be had (the caller then runs the zmm GEMM).
 template <class Tiles, int kStep, int kSteps, bool kChannelwise, bool kBiased = !kChannelwise>
-void amx_gemm_shaped(const GemmArgs& args) {
+bool amx_gemm_shaped(const GemmArgs& args) {
   const Geometry& g = *args.geometry;
   AmxBuffers& buf = amx_buffers();
   const int64_t cols = g.cols_padded;
@@ -374,6 +375,7 @@ void amx_gemm_shaped(const GemmArgs& args) {
   uint8_t* group_base = AmxBuffers::grow(buf.group, buf.group_bytes, 2 * group_bytes);
   auto* acc = reinterpret_cast<int32_t (*)[256]>(
       AmxBuffers::grow(buf.acc, buf.acc_bytes, static_cast<size_t>(tiles * panels) * 1024));
+  if (a == nullptr || w_base == nullptr || group_base == nullptr || acc == nullptr) return false;
   amx_configure<Tiles>(kStep);
 
   Prefetcher pf(args);
@@ -417,33 +419,47 @@ void amx_gemm_shaped(const GemmArgs& args) {
                                  std::min<int64_t>(16, args.m - t * 16), acc[t * panels + p],
                                  channel_scale);
   }
+  return true;
+}
+
+// The zmm GEMM over the call's rows, in calls of nearly equal size of at most its 16-row tile.
+void amx_zmm_gemm(const GemmArgs& args) {
+  const int64_t calls = (args.m + avx512vnni::kTileM - 1) / avx512vnni::kTileM;
+  GemmArgs part = args;
+  for (int64_t i = 0, r0 = 0; i < calls; ++i) {
+    const int64_t rows = args.m / calls + (i < args.m % calls ? 1 : 0);
+    part.m = rows;
+    part.a = args.a + r0;
+    part.c = args.c + r0 * args.c_stride;
+    if (i > 0) part.prefetch[0] = part.prefetch[1] = PrefetchRange{};
+    avx512vnni::gemm_qa8_qu4p16(part);
+    r0 += rows;
+  }
 }
 
 template <class Tiles>
-void amx_gemm(const GemmArgs& args) {
+bool amx_gemm_dispatch(const GemmArgs& args) {
   assert(args.m >= 1 && args.n_begin % kAmxPanel == 0);
   const Geometry& g = *args.geometry;
   if (g.group_size < 0) {
-    if (g.cols_padded % 64 == 0)
-      amx_gemm_shaped<Tiles, 64, 0, true>(args);
-    else
-      amx_gemm_shaped<Tiles, 32, 0, true>(args);
-  } else if (g.group_len == 32) {
-    amx_gemm_shaped<Tiles, 32, 1, false>(args);
-  } else if (g.group_len == 64) {
-    amx_gemm_shaped<Tiles, 64, 1, false>(args);
-  } else if (g.group_len == 128) {
-    amx_gemm_shaped<Tiles, 64, 2, false>(args);
-  } else if (g.group_len > 4096) {
-    if (g.group_len % 64 == 0)
-      amx_gemm_shaped<Tiles, 64, 0, false, false>(args);
-    else
-      amx_gemm_shaped<Tiles, 32, 0, false, false>(args);
-  } else if (g.group_len % 64 == 0) {
-    amx_gemm_shaped<Tiles, 64, 0, false>(args);
-  } else {
-    amx_gemm_shaped<Tiles, 32, 0, false>(args);
+    if (g.cols_padded % 64 == 0) return amx_gemm_shaped<Tiles, 64, 0, true>(args);
+    return amx_gemm_shaped<Tiles, 32, 0, true>(args);
   }
+  if (g.group_len == 32) return amx_gemm_shaped<Tiles, 32, 1, false>(args);
+  if (g.group_len == 64) return amx_gemm_shaped<Tiles, 64, 1, false>(args);
+  if (g.group_len == 128) return amx_gemm_shaped<Tiles, 64, 2, false>(args);
+  if (g.group_len > 4096) {
+    if (g.group_len % 64 == 0) return amx_gemm_shaped<Tiles, 64, 0, false, false>(args);
+    return amx_gemm_shaped<Tiles, 32, 0, false, false>(args);
+  }
+  if (g.group_len % 64 == 0) return amx_gemm_shaped<Tiles, 64, 0, false>(args);
+  return amx_gemm_shaped<Tiles, 32, 0, false>(args);
+}
+
+// The tile GEMM; the zmm GEMM (same bits) if this thread's buffers cannot be allocated.
+template <class Tiles>
+void amx_gemm(const GemmArgs& args) {
+  if (!amx_gemm_dispatch<Tiles>(args)) amx_zmm_gemm(args);
 }
 
 }  // namespace
