@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/cpu_features.hpp"
 #include "test_util.hpp"
 #include "w4a8moe/w4a8moe.hpp"
 
@@ -350,3 +351,18 @@ TEST(KernelSetQueries, DtypeAndActivationNames) {
 }
 
 }  // namespace
+
+// What `w4a8moe check` and CpuFeatures::amx_status say when AMX is not usable: the first of the
+// three conditions that fails, in words.
+TEST(CpuFeaturesAmx, StatusNamesTheFirstMissingCondition) {
+  using w4a8moe::detail::amx_status;
+  EXPECT_EQ(amx_status(true, true, true), "usable");
+  EXPECT_NE(amx_status(false, true, true).find("the CPU has no AMX-TILE and AMX-INT8"),
+            std::string::npos);
+  EXPECT_NE(amx_status(false, false, false).find("the CPU has no"), std::string::npos);
+  EXPECT_NE(amx_status(true, false, true).find("the OS does not enable the tile state"),
+            std::string::npos);
+  EXPECT_NE(amx_status(true, true, false).find("tile data permission"), std::string::npos);
+  const w4a8moe::CpuFeatures& f = w4a8moe::cpu_features();
+  EXPECT_EQ(f.amx_int8, f.amx_status == "usable") << f.amx_status;
+}

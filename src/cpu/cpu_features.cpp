@@ -2,6 +2,7 @@
 // register state), getauxval on Linux/AArch64.
 #include <string>
 
+#include "cpu/cpu_features.hpp"
 #include "w4a8moe/w4a8moe.hpp"
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -39,18 +40,12 @@ uint64_t xgetbv0() {
 // (XCR0 bits 17 TILECFG and 18 TILEDATA), and on Linux the process's permission to use the tile
 // data, asked once per process with arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA). The
 // permission then holds for every thread of the process, including those started later.
-std::string amx_status(bool cpu_amx, uint64_t xcr0) {
-  if (!cpu_amx) return "unavailable: the CPU has no AMX-TILE and AMX-INT8 (CPUID leaf 7)";
-  if ((xcr0 & (uint64_t{3} << 17)) != (uint64_t{3} << 17))
-    return "unavailable: the OS does not enable the tile state (XCR0 bits 17 and 18)";
+bool request_amx_permission() {
 #if defined(__linux__)
   constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-  if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0)
-    return "unavailable: Linux refused the tile data permission "
-           "(arch_prctl ARCH_REQ_XCOMP_PERM; a kernel before 5.16?)";
-  return "usable";
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
 #else
-  return "unavailable: tile data permission is requested on Linux only";
+  return false;
 #endif
 }
 
@@ -81,7 +76,9 @@ void detect_x86(CpuFeatures& f) {
   __cpuid_count(7, 1, a, b, c, d);
   f.avxvnni = ((a >> 4) & 1) && f.avx2;
   f.avx512bf16 = ((a >> 5) & 1) && f.avx512f;
-  f.amx_status = amx_status(cpu_amx, xcr0);
+  const bool os_tiles = (xcr0 & (uint64_t{3} << 17)) == (uint64_t{3} << 17);
+  f.amx_status = detail::amx_status(cpu_amx, os_tiles,
+                                    cpu_amx && os_tiles && request_amx_permission());
   f.amx_int8 = f.amx_status == "usable";
 }
 #endif
@@ -134,6 +131,24 @@ CpuFeatures detect() {
 }
 
 }  // namespace
+
+namespace detail {
+
+std::string amx_status(bool cpu_has_amx, bool os_enables_tiles, bool permission_granted) {
+  if (!cpu_has_amx) return "unavailable: the CPU has no AMX-TILE and AMX-INT8 (CPUID leaf 7)";
+  if (!os_enables_tiles)
+    return "unavailable: the OS does not enable the tile state (XCR0 bits 17 and 18)";
+  if (!permission_granted)
+#if defined(__linux__)
+    return "unavailable: Linux refused the tile data permission "
+           "(arch_prctl ARCH_REQ_XCOMP_PERM; Linux 5.16 or later grants it)";
+#else
+    return "unavailable: the tile data permission is requested on Linux only";
+#endif
+  return "usable";
+}
+
+}  // namespace detail
 
 std::string CpuFeatures::summary() const {
   std::string s = arch;

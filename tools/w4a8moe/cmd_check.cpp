@@ -10,6 +10,7 @@ namespace w4a8moe::cli {
 
 int check_command(const CheckOptions& o) {
   std::printf("cpu: %s\n", cpu_features().summary().c_str());
+  if (cpu_features().arch == "x86_64") std::printf("amx: %s\n", cpu_features().amx_status.c_str());
   std::string sets;
   for (const std::string& s : available_kernel_sets()) sets += (sets.empty() ? "" : ", ") + s;
   std::printf("kernel sets: %s\n", sets.c_str());
