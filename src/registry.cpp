@@ -73,11 +73,10 @@ constexpr KernelSet kTable[] = {
 
 consteval bool tiles_fit() {
   for (const KernelSet& k : kTable) {
-    if (k.tile_m < 1 || k.tile_m > kMaxTileM || k.gemms[0].fn == nullptr) return false;
-    const GemmRange& last = k.gemms[1].fn != nullptr ? k.gemms[1] : k.gemms[0];
+    if (k.tile_m < 1 || k.tile_m > kMaxTileM || k.gemms[0].max_m < 1) return false;
+    const GemmRange& last = k.gemms[1].max_m > 0 ? k.gemms[1] : k.gemms[0];
     if (last.max_m != k.tile_m) return false;
-    if (k.gemms[1].fn != nullptr && !(k.gemms[0].max_m >= 1 && k.gemms[0].max_m < k.tile_m))
-      return false;
+    if (k.gemms[1].max_m > 0 && k.gemms[0].max_m >= k.tile_m) return false;
   }
   return true;
 }

@@ -11,7 +11,7 @@
 
 namespace w4a8moe::detail {
 
-// A GEMM serving calls of up to max_m activation rows.
+// A GEMM serving calls of up to max_m activation rows (max_m 0: no GEMM).
 struct GemmRange {
   int64_t max_m = 0;
   GemmFn fn = nullptr;
@@ -37,7 +37,7 @@ struct KernelSet {
   bool model_only = false;
 
   GemmFn gemm_for(int64_t m) const {
-    return gemms[1].fn != nullptr && m > gemms[0].max_m ? gemms[1].fn : gemms[0].fn;
+    return gemms[1].max_m > 0 && m > gemms[0].max_m ? gemms[1].fn : gemms[0].fn;
   }
   void gemm(const GemmArgs& args) const { gemm_for(args.m)(args); }
 };
