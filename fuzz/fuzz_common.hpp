@@ -1,4 +1,4 @@
-// Shared pieces of the libFuzzer harnesses (issue 6).
+// Shared pieces of the libFuzzer harnesses.
 //
 // Each harness is written once as W4A8MOE_FUZZ_TARGET(name) { ... data, size ... } and built two
 // ways: with clang and -fsanitize=fuzzer it is the fuzzer's entry point (LLVMFuzzerTestOneInput);

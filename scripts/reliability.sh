@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The reliability stages of scripts/test.sh (issue 6), each in its own build directory:
+# The reliability stages of scripts/test.sh, each in its own build directory:
 #
 #   asan  AddressSanitizer + UndefinedBehaviorSanitizer build (GCC) of the library, the program
 #         and every test suite; CTest runs the library suites once per kernel set (W4A8MOE_ISA),

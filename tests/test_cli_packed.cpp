@@ -1,4 +1,4 @@
-// The program with packed weight files (issue 6): `w4a8moe pack` writes a case's experts to a
+// The program with packed weight files: `w4a8moe pack` writes a case's experts to a
 // file; `run --packed` and `bench --packed` map it. Same bits as packing in the run; a file of
 // another case, a damaged file or a bad argument ends with exit code 1 and one line on stderr.
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// `w4a8moe layer` end to end (issue 7): GGUF files and compressed-tensors folders written by the
+// `w4a8moe layer` end to end: GGUF files and compressed-tensors folders written by the
 // suite, the report it prints, its output file against forward() in this process (bit for bit),
 // streaming (the peak resident memory stays far below the file's size), and its failures: exit
 // code 1 with one line on stderr.

@@ -1,4 +1,4 @@
-// Hostile inputs (issue 6; README "Robustness"): NaN/Inf and zeros in scales and biases stay with
+// Hostile inputs (docs/robustness.md): NaN/Inf and zeros in scales and biases stay with
 // their expert; huge and overflowing dimensions are refused before anything is allocated or read;
 // null and misaligned pointers; buffers that end (or start) at an unmapped page are read within
 // their bounds by every kernel set; the context's memory limit chunks a call or refuses it.

@@ -112,8 +112,8 @@ struct PackOptions {
   ScaleStorage scale_storage = ScaleStorage::as_given;
   // Kernel set whose layout to pack for; empty = the set forward() will pick on this CPU.
   std::string kernel_set;
-  // ---- resource limits (issue 6): the packer refuses (Error) to allocate a packed buffer larger
-  // than this many bytes (the buffer is about the size of the int4 weights given, plus scales).
+  // Resource limit: the packer refuses (Error) to allocate a packed buffer larger than this many
+  // bytes (the buffer is about the size of the int4 weights given, plus scales).
   size_t memory_limit = SIZE_MAX;
 };
 
@@ -187,7 +187,7 @@ class Context {
   int threads() const noexcept;
   // Bytes of scratch memory currently held.
   size_t scratch_bytes() const noexcept;
-  // ---- resource limits (issue 6) -------------------------------------------------------------
+  // ---- resource limits ----------------------------------------------------------------------
   // The most scratch memory forward() may hold (default kDefaultMemoryLimit). Tokens are processed
   // in chunks that fit; a call whose need for a single token exceeds the limit throws Error
   // naming the limit and the need, before allocating. Lowering the limit releases a larger
@@ -196,7 +196,6 @@ class Context {
   static constexpr size_t kDefaultMemoryLimit = size_t{1} << 30;
   void set_memory_limit(size_t bytes) noexcept;
   size_t memory_limit() const noexcept;
-  // ---- end resource limits -------------------------------------------------------------------
 
   struct Impl;
 
@@ -277,7 +276,7 @@ QuantizedWeights quantize_weights(const TensorView& w, int group_size,
                                   QuantRule rule = QuantRule::absmax7);
 
 // ---------------------------------------------------------------------------------------------
-// Packed weight files (issue 6)
+// Packed weight files
 //
 // A file holding one layer's two packed buffers, so later runs map it instead of repacking:
 // a 4096-byte header (magic, file version, packed format version, layout, shapes, group size,
@@ -356,7 +355,6 @@ class PackedFile {
  private:
   std::unique_ptr<Impl> impl_;
 };
-// ---- end packed weight files ----------------------------------------------------------------
 
 // ---------------------------------------------------------------------------------------------
 // CPU and kernel sets

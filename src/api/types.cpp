@@ -122,7 +122,7 @@ PackedWeights PackedWeights::allocate(size_t bytes) {
   const size_t rounded = detail::large_alloc_size(bytes, detail::kAlign);
   if (rounded == 0) throw Error("PackedWeights: size overflow");
   auto* p = static_cast<uint8_t*>(detail::large_alloc(bytes, detail::kAlign));
-  if (p == nullptr)  // issue 6: a message naming the need, not std::bad_alloc
+  if (p == nullptr)  // a message naming the need, not std::bad_alloc
     throw Error(detail::cat("PackedWeights: cannot allocate ", rounded, " bytes"));
   std::fill(p, p + rounded, uint8_t{0});
   w.data_.reset(p);

@@ -50,7 +50,7 @@ void require_contiguous(const TensorView& t, std::string_view name) {
 
 }  // namespace
 
-// Issue 6: the bytes a tensor spans, (rows - 1) * stride + last dimension elements, must not
+// The bytes a tensor spans, (rows - 1) * stride + last dimension elements, must not
 // overflow and must fit in the address space from its data pointer: huge or hostile shapes are
 // rejected before anything is read or allocated. Negative dimensions are checked elsewhere.
 void require_addressable(const void* data, DType dtype, int rank,
@@ -111,7 +111,7 @@ void check_activations(const TensorView& x, const TensorView& topk_ids,
                     shape_of(x)));
   if (x.row_stride != 0 && x.row_stride < x.shape[1])
     throw Error(cat("x: expected a row stride >= ", x.shape[1], ", got ", x.row_stride));
-  require_addressable(x, "x");  // issue 6
+  require_addressable(x, "x");
   const int64_t tokens = x.shape[0];
 
   if (!empty) require_data(topk_ids.data, "topk_ids");
@@ -141,7 +141,7 @@ void check_activations(const TensorView& x, const TensorView& topk_ids,
                     shape_string(out.rank, out.shape)));
   if (out.row_stride != 0 && out.row_stride < hidden)
     throw Error(cat("out: expected a row stride >= ", hidden, ", got ", out.row_stride));
-  require_addressable(topk_ids, "topk_ids");  // issue 6
+  require_addressable(topk_ids, "topk_ids");
   require_addressable(topk_weights, "topk_weights");
   require_addressable(out.data, out.dtype, out.rank, out.shape, out.stride(), "out");
 
@@ -188,11 +188,11 @@ WeightInput check_weight_input(const TensorView& w, const TensorView& scale, con
   if (w.rank != 3) throw Error(cat(w_name, ": expected rank 3, got shape ", shape_of(w)));
   require_positive_dims(w, w_name);
   require_contiguous(w, w_name);
-  require_addressable(w, w_name);  // issue 6 (also bounds shape[2] * 2 below)
+  require_addressable(w, w_name);  // also bounds shape[2] * 2 below
   in.experts = w.shape[0];
   in.rows = w.shape[1];
   in.nibbles = w.dtype == DType::u8;
-  if (in.nibbles && w.shape[2] > INT64_MAX / 2)  // issue 6
+  if (in.nibbles && w.shape[2] > INT64_MAX / 2)
     throw Error(cat(w_name, ": expected at most ", INT64_MAX / 2,
                     " nibble-packed bytes per row, got shape ", shape_of(w)));
   in.cols = in.nibbles ? w.shape[2] * 2 : w.shape[2];
@@ -213,13 +213,13 @@ WeightInput check_weight_input(const TensorView& w, const TensorView& scale, con
     require_shape(scale, {in.experts, in.rows, in.groups}, scale_name);
   }
   require_contiguous(scale, scale_name);
-  require_addressable(scale, scale_name);  // issue 6
+  require_addressable(scale, scale_name);
 
   if (!bias.empty()) {
     require_float(bias.dtype, bias_name);
     require_shape(bias, {in.experts, in.rows}, bias_name);
     require_contiguous(bias, bias_name);
-    require_addressable(bias, bias_name);  // issue 6
+    require_addressable(bias, bias_name);
   }
   return in;
 }

@@ -26,7 +26,7 @@ WeightInput check_weight_input(const TensorView& w, const TensorView& scale, con
 
 void check_params(const MoeParams& params);
 
-// Issue 6: throws Error naming `name` unless the bytes the tensor spans ((rows - 1) * stride +
+// Throws Error naming `name` unless the bytes the tensor spans ((rows - 1) * stride +
 // last dimension, times the element size) can be counted without overflow and fit in the address
 // space from its data pointer. Negative dimensions pass here (other checks name them).
 void require_addressable(const void* data, DType dtype, int rank,

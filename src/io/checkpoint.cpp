@@ -1,5 +1,5 @@
 // The checkpoint layer pipeline shared by both loaders: row conversion, chunk buffers, streamed
-// packing and the float reference (issue 7).
+// packing and the float reference.
 #include "io/checkpoint.hpp"
 
 #include <algorithm>

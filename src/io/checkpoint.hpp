@@ -1,4 +1,4 @@
-// One MoE layer of a real checkpoint (issue 7): a GGUF file or a compressed-tensors (Hugging Face)
+// One MoE layer of a real checkpoint: a GGUF file or a compressed-tensors (Hugging Face)
 // folder, read in place and handed to the packer one expert at a time.
 //
 //   auto source = open_layer("model.gguf", 12, {});      // checks the file, reads the metadata

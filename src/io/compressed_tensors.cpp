@@ -1,4 +1,4 @@
-// One MoE layer of a Hugging Face checkpoint folder (issue 7): compressed-tensors int4
+// One MoE layer of a Hugging Face checkpoint folder: compressed-tensors int4
 // ("pack-quantized" or "int-quantized") or plain F16/BF16/F32 weights, in one safetensors file or
 // sharded with model.safetensors.index.json, plus config.json.
 //

@@ -1,4 +1,4 @@
-// One MoE layer of a GGUF file (issue 7).
+// One MoE layer of a GGUF file.
 //
 // Tensors of layer N ("blk.N."), in GGUF's dimension order (ne[0] innermost):
 //   ffn_gate_inp.weight [H, E]        router (f32 math), optional ffn_gate_inp.bias [E]

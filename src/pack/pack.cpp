@@ -68,7 +68,7 @@ void write_weights(const Geometry& g, const LayoutInfo& info, int64_t pr, const 
                                                ((v[b * kBlock + i + 16] & 0x0f) << 4));
     return;
   }
-  if (g.layout == LayoutId::qu4_p8k16) {  // Arm i8mm (issue 4): row pairs, 16-column chunks
+  if (g.layout == LayoutId::qu4_p8k16) {  // Arm i8mm: row pairs, 16-column chunks
     const int64_t P = info.panel, q = pr / P, r = pr % P;
     uint8_t* dst = weights + q * P * g.row_weight_bytes + (r / 2) * 16 + (r % 2) * 8;
     for (int64_t c = 0; c < g.cols_padded / 16; ++c)
@@ -166,7 +166,7 @@ PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale
   job.g = make_geometry(set.layout, role, job.in.experts, job.in.rows, job.in.cols,
                         options.group_size, scale_dtype, !bias.empty(), w_name);
 
-  if (job.g.total_bytes > options.memory_limit)  // issue 6: refuse before allocating
+  if (job.g.total_bytes > options.memory_limit)  // refuse before allocating
     throw Error(cat(w_name, ": the packed buffer needs ", job.g.total_bytes,
                     " bytes, more than the memory limit of ", options.memory_limit,
                     " bytes (PackOptions::memory_limit)"));

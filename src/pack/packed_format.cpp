@@ -15,7 +15,7 @@ constexpr LayoutInfo kLayouts[] = {
     {LayoutId::qs4_b32_rowmajor, "qs4_b32_rowmajor", 1, false},
     {LayoutId::qu4_p16k8, "qu4_p16k8", 16, true},
     {LayoutId::qu4_p8k8, "qu4_p8k8", 8, true},
-    {LayoutId::qu4_p8k16, "qu4_p8k16", 8, true},  // Arm i8mm (issue 4)
+    {LayoutId::qu4_p8k16, "qu4_p8k16", 8, true},  // Arm i8mm
 };
 
 }  // namespace

@@ -45,7 +45,7 @@ enum class LayoutId : uint32_t {
   // nibble). Lanes of a vector register are output rows; `vpdpbusd` takes 4 columns per lane.
   qu4_p16k8 = 2,  // P = 16: one zmm register per chunk (AVX-512 VNNI)
   qu4_p8k8 = 3,   // P = 8: one ymm register per chunk (AVX-VNNI, AVX2); Arm neon, neondot
-  // Arm (issue 4). Panels of 8 rows; per 16 input columns k0..k0+15 one chunk of 64 bytes, 16
+  // Arm i8mm. Panels of 8 rows; per 16 input columns k0..k0+15 one chunk of 64 bytes, 16
   // per row pair (2i, 2i+1): byte 8 * r + j (r = 0, 1) holds w[2i + r][k0 + j] + 8 (low nibble)
   // and w[2i + r][k0 + 8 + j] + 8 (high nibble): each nibble half is a 2x8 `smmla` operand.
   qu4_p8k16 = 16,  // P = 8 (neoni8mm)

@@ -1,5 +1,5 @@
-// w4a8moe_case_tool: case files for comparing the program across machines (issue 4: the Arm
-// build under qemu against the x86 build).
+// w4a8moe_case_tool: case files for comparing the program across machines (the Arm build under
+// qemu against the x86 build).
 //
 //   w4a8moe_case_tool write DIR        writes DIR/<name>.safetensors for every case below
 //   w4a8moe_case_tool compare REF GOT  compares tensor `out` of two `w4a8moe run` outputs

@@ -108,7 +108,7 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int bench_command(const BenchOptions& o) {
-  // issue 6: --packed W.w4a8 times the file's experts, at its shapes, with the top-k and the
+  // --packed W.w4a8 times the file's experts, at its shapes, with the top-k and the
   // activation it recorded (top-k 8 or E, silu when it recorded none); there are no unpacked
   // weights to check against.
   PackedFile file;

@@ -18,7 +18,7 @@ namespace w4a8moe::cli {
 
 namespace {
 
-// ---- issue 6: --packed W.w4a8 ----
+// ---- --packed W.w4a8 ----
 // The file's experts must be the case's: same E, H, I, group size and biases.
 void check_packed_matches_case(const PackedFile& file, const io::LoadedCase& c) {
   const PackedFileInfo& f = file.info();
@@ -47,7 +47,6 @@ std::string kernel_set_for(const std::string& layout) {
     if (layout == detail::layout_name(k.layout)) return detail::set_for_layout(k.layout, "").name;
   return active_kernel_set();
 }
-// ---- end issue 6 ----
 
 }  // namespace
 
@@ -56,7 +55,7 @@ int run_command(const RunOptions& options) {
     const io::LoadedCase c = io::load_case(options.input);
     const PackOptions pack_options = c.pack_options();
     const LogicalWeights& w = c.weights;
-    // issue 6: the experts come from a packed file (mapped, verified), or are packed here.
+    // The experts come from a packed file (mapped, verified), or are packed here.
     PackedFile file;
     PackedWeights w13_packed, w2_packed;
     std::span<const uint8_t> w13, w2;
