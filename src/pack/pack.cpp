@@ -6,7 +6,7 @@
 #include <thread>
 #include <vector>
 
-#include "api/validate.hpp"
+#include "common/argument_checks.hpp"
 #include "common/format.hpp"
 #include "common/numeric.hpp"
 #include "pack/packed_format.hpp"

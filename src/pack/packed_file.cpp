@@ -23,7 +23,7 @@
 #include <string>
 #include <system_error>
 
-#include "api/validate.hpp"
+#include "common/argument_checks.hpp"
 #include "common/checked_math.hpp"
 #include "common/format.hpp"
 #include "common/xxhash64.hpp"

@@ -136,4 +136,29 @@ Geometry read_geometry(std::span<const uint8_t> packed, std::string_view argumen
   return g;
 }
 
+ForwardShape check_packed_pair(const Geometry& w13, const Geometry& w2, std::string_view w13_name,
+                               std::string_view w2_name) {
+  if (w13.role != WeightRole::w13)
+    throw Error(cat(w13_name, ": expected weights packed as w13, got a buffer packed as w2"));
+  if (w2.role != WeightRole::w2)
+    throw Error(cat(w2_name, ": expected weights packed as w2, got a buffer packed as w13"));
+  if (w13.rows % 2 != 0)
+    throw Error(cat(w13_name, ": expected an even number of rows (2I), got ", w13.rows));
+  ForwardShape s;
+  s.experts = w13.experts;
+  s.hidden = w13.cols;
+  s.inter = w13.rows / 2;
+  if (w2.experts != s.experts || w2.rows != s.hidden || w2.cols != s.inter)
+    throw Error(cat(w2_name, ": expected ", s.experts, " experts of [", s.hidden, ", ", s.inter,
+                    "] to match ", w13_name, ", got ", w2.experts, " experts of [", w2.rows, ", ",
+                    w2.cols, "]"));
+  if (w13.group_size != w2.group_size)
+    throw Error(cat(w2_name, ": expected group size ", w13.group_size, " (the group size of ",
+                    w13_name, "), got ", w2.group_size));
+  if (w13.layout != w2.layout)
+    throw Error(cat(w2_name, ": expected layout ", layout_name(w13.layout), " (the layout of ",
+                    w13_name, "), got ", layout_name(w2.layout)));
+  return s;
+}
+
 }  // namespace w4a8moe::detail

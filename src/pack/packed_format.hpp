@@ -24,6 +24,7 @@
 #include <span>
 #include <string_view>
 
+#include "common/argument_checks.hpp"
 #include "w4a8moe/w4a8moe.hpp"
 
 namespace w4a8moe::detail {
@@ -121,5 +122,10 @@ uint64_t header_checksum(const PackedHeader& header) noexcept;
 
 // Validates magic, version, layout, checksum, dimensions and size; returns the geometry.
 Geometry read_geometry(std::span<const uint8_t> packed, std::string_view argument);
+
+// The two packed buffers of a layer belong together: roles, shapes, group size, layout. Returns
+// experts, hidden and inter.
+ForwardShape check_packed_pair(const Geometry& w13, const Geometry& w2, std::string_view w13_name,
+                               std::string_view w2_name);
 
 }  // namespace w4a8moe::detail
