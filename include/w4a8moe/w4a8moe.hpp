@@ -51,7 +51,13 @@ enum class Activation : int {
 const char* activation_name(Activation kind) noexcept;
 // "silu", "swigluoai", "swiglustep", "gelu", "gelu_tanh" -> kind; anything else throws Error.
 Activation parse_activation(std::string_view name);
-// 0..4 -> kind; anything else throws Error (never a silent fallback to SILU).
+// The rule of the integer codes: 0 .. kActivationCount - 1. activation_from_code() and
+// is_supported_config() apply it; anything else is an error, never a silent fallback to SILU.
+inline constexpr int64_t kActivationCount = 5;
+constexpr bool is_valid_activation_code(int64_t code) noexcept {
+  return code >= 0 && code < kActivationCount;
+}
+// A valid code -> kind; anything else throws Error.
 Activation activation_from_code(int64_t code);
 
 // How the gate and up projections are stacked in w13 [E, 2I, H] as given to the packer.
@@ -105,8 +111,28 @@ enum class ScaleStorage : uint8_t {
 
 enum class WeightRole : uint8_t { w13 = 0, w2 = 1 };
 
+// The shape rules of the packed weights, one function each. The packer, the capability check,
+// the program, the checkpoint loaders and the PyTorch binding all ask these, each wording its own
+// message.
+//
+// Every packed layout stores the input dimension in blocks of kGroupBlock elements, so a scale
+// group is a whole number of blocks.
+inline constexpr int64_t kGroupBlock = 32;
+// -1 (one scale per output row, "channelwise"), or a positive multiple of kGroupBlock.
+constexpr bool is_valid_group_size(int64_t group_size) noexcept {
+  return group_size == -1 || (group_size > 0 && group_size % kGroupBlock == 0);
+}
+// A valid group size that, unless -1, divides `cols`, the input dimension of one weight tensor
+// (H for w13, I for w2; a layer needs it for both).
+constexpr bool group_size_fits(int64_t group_size, int64_t cols) noexcept {
+  return is_valid_group_size(group_size) && (group_size == -1 || cols % group_size == 0);
+}
+// w13 stacks the gate and the up projection, I rows each: its row count is even.
+constexpr bool is_valid_w13_rows(int64_t rows) noexcept { return rows % 2 == 0; }
+
 struct PackOptions {
-  // -1 (one scale per output row), or a multiple of 32 dividing the input dimension.
+  // -1 (one scale per output row), or a multiple of 32 dividing the input dimension
+  // (group_size_fits()).
   int group_size = -1;
   GateUpLayout gate_up_layout = GateUpLayout::halves;  // w13 only
   ScaleStorage scale_storage = ScaleStorage::as_given;
@@ -166,6 +192,17 @@ PackedWeights pack_w2(const TensorView& w2, const TensorView& scale, const Tenso
 // Checks a packed buffer's header against its size and decodes it; throws Error on any mismatch.
 PackedInfo inspect_packed(std::span<const uint8_t> packed, std::string_view argument = "packed");
 
+// The size in bytes of the buffer pack_w13 (role w13: rows 2I, cols H) or pack_w2 (role w2: rows
+// H, cols I) returns for these shapes and options, from the shapes alone (for the meta kernels of
+// graph compilers). `scale_dtype` is the dtype of the scales as given (options.scale_storage
+// applies). Throws Error naming `argument` where the packer would refuse these sizes.
+size_t packed_size(WeightRole role, int64_t experts, int64_t rows, int64_t cols, DType scale_dtype,
+                   bool has_bias, const PackOptions& options, std::string_view argument);
+
+// The kernel set forward() runs on a buffer of this layout (PackedInfo::layout): the best one
+// this CPU can use within the ISA cap. Throws Error when none reads it.
+std::string kernel_set_for_layout(std::string_view layout);
+
 // ---------------------------------------------------------------------------------------------
 // Forward
 
@@ -212,6 +249,11 @@ void forward(Context& context, const TensorView& x, const TensorView& topk_ids,
              const TensorView& topk_weights, std::span<const uint8_t> w13_packed,
              std::span<const uint8_t> w2_packed, const MoeParams& params,
              const MutableTensorView& out);
+
+// Checks the activation and its parameters as forward() does (a known activation, finite alpha,
+// positive limit); throws Error naming the first bad one. For callers that check before they
+// have data (shape inference).
+void check_moe_params(const MoeParams& params);
 
 // ---------------------------------------------------------------------------------------------
 // Companions

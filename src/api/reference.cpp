@@ -123,7 +123,7 @@ void reference_forward(const TensorView& x, const TensorView& topk_ids,
                                       "w13_scale", "w13_bias");
   w2.in = detail::check_weight_input(lw.w2, lw.w2_scale, lw.w2_bias, lw.group_size, "w2",
                                      "w2_scale", "w2_bias");
-  if (w13.in.rows % 2 != 0)
+  if (!is_valid_w13_rows(w13.in.rows))
     throw Error(cat("w13: expected an even number of rows (2I), got ", w13.in.rows));
   const int64_t E = w13.in.experts, H = w13.in.cols, I = w13.in.rows / 2;
   if (w2.in.experts != E || w2.in.rows != H || w2.in.cols != I)

@@ -109,7 +109,7 @@ WeightInput check_weight_input(const TensorView& w, const TensorView& scale, con
     throw Error(cat(w_name, ": expected at most ", INT64_MAX / 2,
                     " nibble-packed bytes per row, got shape ", shape_of(w)));
   in.cols = in.nibbles ? w.shape[2] * 2 : w.shape[2];
-  if (group_size != -1 && (group_size <= 0 || group_size % 32 != 0 || in.cols % group_size != 0))
+  if (!group_size_fits(group_size, in.cols))
     throw Error(cat("group_size: expected -1 or a multiple of 32 that divides ", in.cols,
                     " (the input dimension of ", w_name, "), got ", group_size));
   in.groups = group_size == -1 ? 1 : in.cols / group_size;
@@ -139,7 +139,7 @@ WeightInput check_weight_input(const TensorView& w, const TensorView& scale, con
 
 void check_params(const MoeParams& p) {
   const auto code = static_cast<int>(p.activation);
-  if (code < 0 || code > 4) activation_from_code(code);  // throws the standard message
+  if (!is_valid_activation_code(code)) activation_from_code(code);  // throws the standard message
   if (!std::isfinite(p.alpha)) throw Error(cat("alpha: expected a finite value, got ", p.alpha));
   if (!(p.limit > 0.0f)) throw Error(cat("limit: expected a positive value, got ", p.limit));
 }

@@ -154,7 +154,7 @@ PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale
       options.gate_up_layout != GateUpLayout::interleaved)
     throw Error("gate_up_layout: expected halves or interleaved");
   job.interleaved = is_w13 && options.gate_up_layout == GateUpLayout::interleaved;
-  if (is_w13 && job.in.rows % 2 != 0)
+  if (is_w13 && !is_valid_w13_rows(job.in.rows))
     throw Error(cat("w13: expected an even number of rows (gate and up, 2I), got ", job.in.rows));
   if (options.scale_storage != ScaleStorage::as_given &&
       options.scale_storage != ScaleStorage::bf16)
@@ -213,6 +213,17 @@ PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale
 
 }  // namespace
 }  // namespace detail
+
+size_t packed_size(WeightRole role, int64_t experts, int64_t rows, int64_t cols, DType scale_dtype,
+                   bool has_bias, const PackOptions& options, std::string_view argument) {
+  const DType stored = options.scale_storage == ScaleStorage::bf16 ? DType::bf16 : scale_dtype;
+  const detail::KernelSet& set =
+      options.kernel_set.empty() ? detail::active_set()
+                                 : detail::set_by_name(options.kernel_set, "kernel_set");
+  return detail::make_geometry(set.layout, role, experts, rows, cols, options.group_size, stored,
+                               has_bias, argument)
+      .total_bytes;
+}
 
 PackedWeights pack_w13(const TensorView& w13, const TensorView& scale, const TensorView& bias,
                        const PackOptions& options) {

@@ -47,14 +47,14 @@ Geometry make_geometry(LayoutId layout, WeightRole role, int64_t experts, int64_
   if (cols > kMaxCols)
     throw Error(cat(argument, ": expected at most ", kMaxCols,
                     " input columns (int32 accumulators), got ", cols));
-  if (group_size != -1 && (group_size <= 0 || group_size % kBlock != 0 || cols % group_size != 0))
+  if (!group_size_fits(group_size, cols))
     throw Error(cat(
         argument, ": expected group size -1 or a multiple of 32 that divides the input dimension ",
         cols, ", got ", group_size));
   if (scale_dtype != DType::f32 && scale_dtype != DType::bf16 && scale_dtype != DType::f16)
     throw Error(
         cat(argument, ": expected scale dtype f32, bf16 or f16, got ", dtype_name(scale_dtype)));
-  if (role == WeightRole::w13 && rows % 2 != 0)
+  if (role == WeightRole::w13 && !is_valid_w13_rows(rows))
     throw Error(cat(argument, ": expected an even number of rows (gate and up, 2I), got ", rows));
   const LayoutInfo& info = layout_info(static_cast<uint32_t>(layout), argument);
   Geometry g;
@@ -142,7 +142,7 @@ ForwardShape check_packed_pair(const Geometry& w13, const Geometry& w2, std::str
     throw Error(cat(w13_name, ": expected weights packed as w13, got a buffer packed as w2"));
   if (w2.role != WeightRole::w2)
     throw Error(cat(w2_name, ": expected weights packed as w2, got a buffer packed as w13"));
-  if (w13.rows % 2 != 0)
+  if (!is_valid_w13_rows(w13.rows))
     throw Error(cat(w13_name, ": expected an even number of rows (2I), got ", w13.rows));
   ForwardShape s;
   s.experts = w13.experts;

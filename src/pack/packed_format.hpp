@@ -32,7 +32,7 @@ namespace w4a8moe::detail {
 inline constexpr char kPackedMagic[8] = {'W', '4', 'A', '8', 'M', 'O', 'E', '\0'};
 inline constexpr size_t kHeaderBytes = 128;
 inline constexpr size_t kAlign = 64;
-inline constexpr int64_t kBlock = 32;  // K granularity of every layout
+inline constexpr int64_t kBlock = kGroupBlock;  // K granularity of every layout
 // Largest input dimension: keeps every int32 sum exact in all kernels (|(w + 8) * q| <= 1920
 // per element, and 2^16 * 1920 < 2^31).
 inline constexpr int64_t kMaxCols = int64_t{1} << 16;

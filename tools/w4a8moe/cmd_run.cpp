@@ -9,8 +9,6 @@
 #include <vector>
 
 #include "io/safetensors.hpp"
-#include "pack/packed_format.hpp"
-#include "registry.hpp"
 #include "w4a8moe/commands.hpp"
 #include "w4a8moe/w4a8moe.hpp"
 
@@ -39,13 +37,6 @@ void check_packed_matches_case(const PackedFile& file, const io::LoadedCase& c) 
         "' with " +
         describe(f.experts, f.hidden, f.inter, f.group_size, f.w13.has_bias, f.w2.has_bias));
   }
-}
-
-// The kernel set forward() runs on a buffer of this layout (the best usable one within the cap).
-std::string kernel_set_for(const std::string& layout) {
-  for (const detail::KernelSet& k : detail::kernel_table())
-    if (layout == detail::layout_name(k.layout)) return detail::set_for_layout(k.layout, "").name;
-  return active_kernel_set();
 }
 
 }  // namespace
@@ -85,7 +76,7 @@ int run_command(const RunOptions& options) {
     forward(context, c.x, c.topk_ids, c.topk_weights, w13, w2, c.params, out);
 
     const std::string kernel_set =
-        options.packed.empty() ? active_kernel_set() : kernel_set_for(file.info().w13.layout);
+        options.packed.empty() ? active_kernel_set() : kernel_set_for_layout(file.info().w13.layout);
     io::SafetensorsWriter writer;
     writer.add("out", c.x.dtype, {tokens, hidden}, out_storage.data(), out_bytes);
     writer.set_metadata("kernel_set", kernel_set);
