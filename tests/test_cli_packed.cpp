@@ -50,7 +50,7 @@ std::string slurp(const std::string& file) {
   return s.str();
 }
 
-// Writes the inputs of one forward call as a case file (README "run").
+// Writes the inputs of one forward call as a case file (README, "The program": run).
 void write_case(const moe_test::Case& c, const std::string& path) {
   w4a8moe::io::SafetensorsWriter w;
   const CaseSpec& s = c.spec;

@@ -498,8 +498,8 @@ TEST(GuardPages, EveryBufferIsReadWithinItsBounds) {
 
 // ---- resource limits ---------------------------------------------------------------------------
 
-// README "Resource limits": the scratch of forward() for a chunk of c tokens, each array rounded
-// up to 64 bytes (here: an upper bound, adding 64 per array and per row).
+// docs/robustness.md, "Resource limits": the scratch of forward() for a chunk of c tokens, each
+// array rounded up to 64 bytes (here: an upper bound, adding 64 per array and per row).
 size_t documented_scratch(const CaseSpec& s, int64_t chunk, int threads) {
   const auto a64 = [](int64_t v) { return static_cast<size_t>((v + 63) / 64 * 64); };
   const int64_t hp = (s.hidden + 31) / 32 * 32, ip = (s.inter + 31) / 32 * 32;

@@ -228,8 +228,8 @@ class Context {
   // The most scratch memory forward() may hold (default kDefaultMemoryLimit). Tokens are processed
   // in chunks that fit; a call whose need for a single token exceeds the limit throws Error
   // naming the limit and the need, before allocating. Lowering the limit releases a larger
-  // scratch at the next call. README "Resource limits" gives the scratch as a function of T, K,
-  // H, I and the thread count.
+  // scratch at the next call. docs/robustness.md, "Resource limits", gives the scratch as a
+  // function of T, K, H, I and the thread count.
   static constexpr size_t kDefaultMemoryLimit = size_t{1} << 30;
   void set_memory_limit(size_t bytes) noexcept;
   size_t memory_limit() const noexcept;

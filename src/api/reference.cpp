@@ -1,4 +1,4 @@
-// The public reference forward: SPEC sections 3-6 written plainly over the logical (unpacked)
+// The public reference forward: docs/operator.md written plainly over the logical (unpacked)
 // weights, with integer dot products and double accumulation. It shares no code with the packer
 // or the kernels (only the argument checks and the scalar f32/bf16/f16 conversions).
 #include <algorithm>
@@ -29,7 +29,7 @@ float half_even(float v) {
   return std::fmod(f, 2.0f) == 0.0f ? f : f + 1.0f;
 }
 
-// SPEC section 5, in f32.
+// quant_row (docs/operator.md, "Activation quantization"), in f32.
 Quantized quant_row(const std::vector<float>& a) {
   Quantized r;
   float mn = 0.0f, mx = 0.0f;

@@ -1,4 +1,5 @@
-// The gated activations of SPEC section 4, in f32, as the forward pass computes them.
+// The gated activations (docs/operator.md, "Activations") in f32, as the forward pass computes
+// them.
 #pragma once
 
 #include <cmath>

@@ -658,7 +658,8 @@ void CompressedTensorsLayer::read_routing() {
 
   // Activation.
   if (mt == "gpt_oss") {
-    // GptOssExperts: clamped SwiGLU, SPEC's SWIGLUOAI (config.json's hidden_act does not say it)
+    // GptOssExperts: clamped SwiGLU, swigluoai of docs/operator.md (config.json's hidden_act
+    // does not say it)
     info_.params.activation = Activation::swigluoai;
     info_.params.alpha = static_cast<float>(number("swiglu_alpha", 1.702));
     info_.params.limit = static_cast<float>(number("swiglu_limit", 7.0));

@@ -259,10 +259,10 @@ int bench_command(const BenchOptions& o) {
   }
   const double bandwidth = median(bandwidths);
   const double peak_macs = median(peaks);
-  // The all-thread MAC probe over the one-thread probe: about the thread count on a machine
-  // that gives this process its cores. PERF.md: below 0.75 per thread (1.5x for two), the host
-  // is taking cores away right now, and ratios against the MAC peak overstate (the forward
-  // and the probe do not lose the same share of a core).
+  // The all-thread MAC probe over the one-thread probe: about the thread count on a machine that
+  // gives this process its cores. docs/performance.md, "The machine, and the degraded rule": below
+  // 0.75 per thread (1.5x for two), the host is taking cores away right now, and ratios against the
+  // MAC peak overstate (the forward and the probe do not lose the same share of a core).
   const double peak_1 = peaks_1.empty() ? peak_macs : median(peaks_1);
   const double scaling = peak_1 > 0 ? peak_macs / peak_1 : 0.0;
   const bool degraded = ctx.threads() > 1 && peak_macs > 0 && scaling < 0.75 * ctx.threads();

@@ -1,4 +1,4 @@
-// Portable activation: the libm functions of SPEC section 4 in f32.
+// Portable activation: the libm functions of docs/operator.md, "Activations", in f32.
 #include "common/activation.hpp"
 #include "kernels/ref/ref_kernels.hpp"
 
