@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "api/validate.hpp"
+#include "common/activation.hpp"
 #include "common/format.hpp"
 #include "common/numeric.hpp"
 
@@ -91,25 +92,6 @@ struct Matrix {  // one role's logical weights
   }
 };
 
-double act(const MoeParams& p, double g, double u) {
-  const double L = static_cast<double>(p.limit);
-  auto sigmoid = [](double z) { return 1.0 / (1.0 + std::exp(-z)); };
-  switch (p.activation) {
-    case Activation::swiglustep:
-      return std::min(g * sigmoid(g), L) * std::clamp(u, -L, L);
-    case Activation::swigluoai: {
-      const double gc = std::min(g, L), uc = std::clamp(u, -L, L);
-      return (uc + 1.0) * gc * sigmoid(static_cast<double>(p.alpha) * gc);
-    }
-    case Activation::silu:
-      return g * sigmoid(g) * u;
-    case Activation::gelu:
-      return 0.5 * g * (1.0 + std::erf(g / std::sqrt(2.0))) * u;
-    case Activation::gelu_tanh:
-      return 0.5 * g * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g))) * u;
-  }
-  return 0.0;
-}
 
 }  // namespace
 
@@ -149,7 +131,7 @@ void reference_forward(const TensorView& x, const TensorView& topk_ids,
         const int64_t gate_row = interleaved ? 2 * i : i;
         const int64_t up_row = interleaved ? 2 * i + 1 : I + i;
         m[static_cast<size_t>(i)] =
-            static_cast<float>(act(params, w13.dq_dot(qa, e, gate_row), w13.dq_dot(qa, e, up_row)));
+            static_cast<float>(detail::activation_f64(params, w13.dq_dot(qa, e, gate_row), w13.dq_dot(qa, e, up_row)));
       }
       const Quantized qm = quant_row(m);
       const double weight = params.apply_router_weight_on_input ? 1.0 : static_cast<double>(r);
