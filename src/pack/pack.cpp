@@ -1,8 +1,6 @@
 // Logical int4 expert weights -> the packed buffer of the layout that the chosen kernel set reads.
 #include <algorithm>
 #include <cstring>
-#include <exception>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -11,6 +9,7 @@
 #include "common/numeric.hpp"
 #include "pack/packed_format.hpp"
 #include "registry.hpp"
+#include "thread_pool.hpp"
 
 namespace w4a8moe {
 
@@ -189,25 +188,9 @@ PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale
   std::memcpy(out.data(), &h, sizeof h);
 
   // Experts are independent: pack them on all hardware threads (a one-time cost).
-  const int64_t workers =
-      std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, job.g.experts);
-  std::mutex error_mutex;
-  std::exception_ptr error;
-  auto work = [&](int64_t wid) {
-    try {
-      for (int64_t e = wid; e < job.g.experts; e += workers)
-        pack_expert(job, e,
-                    out.data() + kHeaderBytes + static_cast<size_t>(e) * job.g.expert_bytes);
-    } catch (...) {
-      std::lock_guard lock(error_mutex);
-      if (!error) error = std::current_exception();
-    }
-  };
-  std::vector<std::thread> threads;
-  for (int64_t t = 1; t < workers; ++t) threads.emplace_back(work, t);
-  work(0);
-  for (auto& t : threads) t.join();
-  if (error) std::rethrow_exception(error);
+  parallel_for(job.g.experts, std::thread::hardware_concurrency(), [&](int64_t e) {
+    pack_expert(job, e, out.data() + kHeaderBytes + static_cast<size_t>(e) * job.g.expert_bytes);
+  });
   return out;
 }
 

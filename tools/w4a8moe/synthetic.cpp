@@ -8,6 +8,8 @@
 #include <random>
 #include <thread>
 
+#include "thread_pool.hpp"
+
 namespace w4a8moe::cli {
 
 namespace {
@@ -157,10 +159,8 @@ SyntheticLayer make_layer(const Preset& preset, int group_size, DType scale_dtyp
         progress(static_cast<double>(d) / static_cast<double>(E), progress_ctx);
     }
   };
-  std::vector<std::thread> threads;
-  for (int t = 1; t < workers; ++t) threads.emplace_back(work, t);
-  work(0);
-  for (auto& t : threads) t.join();
+  detail::ThreadPool pool(workers);
+  pool.run(work);
   if (progress) progress(1.0, progress_ctx);
   return L;
 }
