@@ -5,6 +5,7 @@
 
 #include "common/argument_checks.hpp"
 #include "common/format.hpp"
+#include "common/numeric.hpp"
 #include "pack/packed_format.hpp"
 #include "registry.hpp"
 #include "w4a8moe/w4a8moe.hpp"
@@ -15,7 +16,7 @@ Support is_supported_config(const MoeConfig& c) noexcept {
   try {
     using detail::cat;
     auto no = [](std::string reason) { return Support{false, std::move(reason)}; };
-    if (c.x_dtype != DType::f32 && c.x_dtype != DType::bf16 && c.x_dtype != DType::f16)
+    if (!detail::is_float_dtype(c.x_dtype))
       return no(cat("x dtype ", dtype_name(c.x_dtype),
                     " is not supported; use f32, bf16 or f16 activations"));
     if (c.hidden < 1 || c.inter < 1 || c.experts < 1 || c.top_k < 1)
@@ -66,7 +67,7 @@ OutputSpec infer_output(std::span<const int64_t> x_shape, DType x_dtype,
     for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
     return r + "]";
   };
-  if (x_dtype != DType::f32 && x_dtype != DType::bf16 && x_dtype != DType::f16)
+  if (!detail::is_float_dtype(x_dtype))
     throw Error(cat("x: expected dtype f32, bf16 or f16, got ", dtype_name(x_dtype)));
   if (x_shape.size() != 2 || x_shape[0] < 0 || x_shape[1] < 1)
     throw Error(cat("x: expected shape [T, H] with T >= 0 and H >= 1, got ", str(x_shape)));

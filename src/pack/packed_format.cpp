@@ -6,6 +6,7 @@
 
 #include "common/checked_math.hpp"
 #include "common/format.hpp"
+#include "common/numeric.hpp"
 
 namespace w4a8moe::detail {
 
@@ -51,7 +52,7 @@ Geometry make_geometry(LayoutId layout, WeightRole role, int64_t experts, int64_
     throw Error(cat(
         argument, ": expected group size -1 or a multiple of 32 that divides the input dimension ",
         cols, ", got ", group_size));
-  if (scale_dtype != DType::f32 && scale_dtype != DType::bf16 && scale_dtype != DType::f16)
+  if (!is_float_dtype(scale_dtype))
     throw Error(
         cat(argument, ": expected scale dtype f32, bf16 or f16, got ", dtype_name(scale_dtype)));
   if (role == WeightRole::w13 && !is_valid_w13_rows(rows))
