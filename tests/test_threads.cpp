@@ -1,4 +1,5 @@
-// The same bits for any thread count, for repeated calls, and no scratch growth in steady state.
+// The same bits for any thread count, for repeated calls, and no scratch growth in steady state;
+// the pool of contexts for concurrent callers.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -153,6 +154,75 @@ TEST(ThreadsContext, ContextsMayRunConcurrently) {
     for (std::thread& w : workers) w.join();
   }
   for (const moe_test::Output& o : outs) EXPECT_TRUE(o.bytes == expected.bytes);
+}
+
+// ---- ContextPool ------------------------------------------------------------------------------
+
+TEST(ContextPoolTest, ASteadyStreamOfCallsReusesOneContext) {
+  w4a8moe::ContextPool pool;
+  const w4a8moe::Context* first = nullptr;
+  {
+    auto lease = pool.lease(2);
+    first = &lease.context();
+    EXPECT_EQ(lease.context().threads(), 2);
+  }
+  EXPECT_EQ(pool.idle(), 1u);
+  {
+    auto lease = pool.lease(2);
+    EXPECT_EQ(&lease.context(), first);
+    EXPECT_EQ(pool.idle(), 0u);
+  }
+  {
+    auto lease = pool.lease(0);  // any idle context
+    EXPECT_EQ(&lease.context(), first);
+  }
+  {
+    auto lease = pool.lease(1);  // another thread count: a new context
+    EXPECT_NE(&lease.context(), first);
+    EXPECT_EQ(lease.context().threads(), 1);
+  }
+  EXPECT_EQ(pool.idle(), 2u);
+}
+
+TEST(ContextPoolTest, ConcurrentLeasesGetTheirOwnContexts) {
+  w4a8moe::ContextPool pool;
+  std::vector<w4a8moe::ContextPool::Lease> leases;
+  for (size_t i = 0; i < w4a8moe::ContextPool::kMaxIdle + 2; ++i) leases.push_back(pool.lease(1));
+  for (size_t i = 0; i < leases.size(); ++i)
+    for (size_t j = 0; j < i; ++j) EXPECT_NE(&leases[i].context(), &leases[j].context());
+  EXPECT_EQ(pool.idle(), 0u);
+  leases.clear();  // the oldest idle ones beyond kMaxIdle are destroyed
+  EXPECT_EQ(pool.idle(), w4a8moe::ContextPool::kMaxIdle);
+}
+
+TEST(ContextPoolTest, LeasedContextsGiveTheSameBitsFromManyThreads) {
+  CaseSpec spec;
+  spec.tokens = 24;
+  spec.hidden = 256;
+  spec.inter = 128;
+  spec.experts = 4;
+  spec.top_k = 2;
+  spec.group_size = 64;
+  spec.seed = 93;
+  const Case c = moe_test::make_case(spec);
+  const moe_test::PackedPair packed = moe_test::pack(c);
+  w4a8moe::Context reference_context(1);
+  const moe_test::Output expected = moe_test::run_forward(c, packed, reference_context);
+  w4a8moe::ContextPool& pool = w4a8moe::ContextPool::instance();
+  std::vector<moe_test::Output> outs(3);
+  {
+    std::vector<std::thread> workers;
+    for (int i = 0; i < 3; ++i)
+      workers.emplace_back([&, i] {
+        for (int r = 0; r < 4; ++r) {
+          auto lease = pool.lease(2);
+          outs[static_cast<size_t>(i)] = moe_test::run_forward(c, packed, lease.context());
+        }
+      });
+    for (std::thread& w : workers) w.join();
+  }
+  for (const moe_test::Output& o : outs) EXPECT_TRUE(o.bytes == expected.bytes);
+  EXPECT_LE(pool.idle(), w4a8moe::ContextPool::kMaxIdle);
 }
 
 }  // namespace

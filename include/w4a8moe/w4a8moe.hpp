@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -241,6 +242,54 @@ class Context {
                       std::span<const uint8_t>, std::span<const uint8_t>, const MoeParams&,
                       const MutableTensorView&);
   std::unique_ptr<Impl> impl_;
+};
+
+// Contexts for an embedder that calls forward() from several threads (a serving process, the
+// PyTorch binding): lease() hands out an idle Context with the wanted thread count, or makes
+// one, so that concurrent callers each get their own (a Context is not safe to share) and a
+// steady stream of calls reuses the same one; the lease gives it back when destroyed. At most
+// kMaxIdle contexts stay idle, each with its sleeping workers and scratch; the least recently
+// used goes first. Thread-safe.
+class ContextPool {
+ public:
+  static constexpr size_t kMaxIdle = 4;
+
+  // The process's pool. Never destroyed (worker threads are not joined at exit); after fork()
+  // the child's pool starts empty, since the child has none of the parent's worker threads.
+  static ContextPool& instance();
+
+  class Lease {
+   public:
+    Lease(ContextPool& pool, std::unique_ptr<Context> context) noexcept
+        : pool_(&pool), context_(std::move(context)) {}
+    ~Lease();
+    Lease(Lease&& other) noexcept = default;
+    Lease& operator=(Lease&&) = delete;
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    Context& context() noexcept { return *context_; }
+
+   private:
+    ContextPool* pool_;
+    std::unique_ptr<Context> context_;
+  };
+
+  ContextPool() = default;
+  ContextPool(const ContextPool&) = delete;
+  ContextPool& operator=(const ContextPool&) = delete;
+
+  // threads > 0: a Context with exactly that many threads; 0: any idle one, else a new one with
+  // all hardware threads. Throws Error as Context's constructor does.
+  Lease lease(int threads);
+  // Contexts waiting for a lease.
+  size_t idle() const;
+
+ private:
+  void give_back(std::unique_ptr<Context> context) noexcept;
+  void forget_after_fork() noexcept;
+
+  mutable std::mutex mutex_;
+  std::vector<std::unique_ptr<Context>> idle_;  // least recently used first
 };
 
 // x [T, H] f32/bf16/f16 (row stride may exceed H); topk_ids [T, K] int32/int64 in [0, E);

@@ -17,14 +17,11 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/util/Optional.h>
-#include <pthread.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <tuple>
@@ -115,10 +112,8 @@ std::span<const uint8_t> packed_bytes(const Tensor& t, const char* name) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Threads: one pool of Contexts per process. A call leases an idle Context with the wanted
-// thread count (or makes one), so concurrent calls from several Python threads each get their
-// own (a Context is not safe to share) and a steady stream of calls reuses one. At most kMaxIdle
-// stay idle (the least recently used go first), each with its sleeping workers and scratch.
+// Threads: the library's per-process w4a8moe::ContextPool, so that concurrent calls from several
+// Python threads each get their own Context and a forked child starts with a fresh pool.
 
 std::atomic<int64_t> g_threads{0};  // 0: follow torch.get_num_threads()
 
@@ -129,75 +124,6 @@ int wanted_threads() {
   const int torch_threads = at::get_num_threads();
   return torch_threads > 0 ? torch_threads : 0;  // 0: the library's default (hardware)
 }
-
-class ContextPool {
- public:
-  static ContextPool& instance() {
-    // Never destroyed: worker threads are not joined during interpreter shutdown.
-    static ContextPool* pool = [] {
-      auto* p = new ContextPool();
-      pthread_atfork([] { ContextPool::instance().mutex_.lock(); },
-                     [] { ContextPool::instance().mutex_.unlock(); },
-                     [] { ContextPool::instance().after_fork_in_child(); });
-      return p;
-    }();
-    return *pool;
-  }
-
-  class Lease {
-   public:
-    Lease(ContextPool& pool, std::unique_ptr<w4a8moe::Context> context)
-        : pool_(pool), context_(std::move(context)) {}
-    ~Lease() { pool_.give_back(std::move(context_)); }
-    Lease(const Lease&) = delete;
-    Lease& operator=(const Lease&) = delete;
-    w4a8moe::Context& context() { return *context_; }
-
-   private:
-    ContextPool& pool_;
-    std::unique_ptr<w4a8moe::Context> context_;
-  };
-
-  Lease lease(int threads) {
-    std::unique_ptr<w4a8moe::Context> found;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      for (auto it = idle_.rbegin(); it != idle_.rend(); ++it) {
-        if (threads == 0 || (*it)->threads() == threads) {
-          found = std::move(*it);
-          idle_.erase(std::next(it).base());
-          break;
-        }
-      }
-    }
-    if (!found) found = std::make_unique<w4a8moe::Context>(threads);
-    return Lease(*this, std::move(found));
-  }
-
- private:
-  static constexpr size_t kMaxIdle = 4;
-
-  void give_back(std::unique_ptr<w4a8moe::Context> context) {
-    std::unique_ptr<w4a8moe::Context> evicted;  // destroyed outside the lock
-    std::lock_guard<std::mutex> lock(mutex_);
-    idle_.push_back(std::move(context));
-    if (idle_.size() > kMaxIdle) {
-      evicted = std::move(idle_.front());
-      idle_.erase(idle_.begin());
-    }
-  }
-
-  // The child of a fork has none of the parent's worker threads: forget (leak) the Contexts
-  // instead of joining threads that do not exist there.
-  void after_fork_in_child() {
-    for (auto& c : idle_) static_cast<void>(c.release());
-    idle_.clear();
-    mutex_.unlock();
-  }
-
-  std::mutex mutex_;
-  std::vector<std::unique_ptr<w4a8moe::Context>> idle_;
-};
 
 // ---------------------------------------------------------------------------------------------
 // The forward op
@@ -285,7 +211,7 @@ Tensor moe_ex_cpu(const Tensor& x_in, const Tensor& topk_ids_in, const Tensor& t
     ov.rank = 2;
     ov.shape = {shape[0], shape[1], 0};
 
-    auto lease = ContextPool::instance().lease(wanted_threads());
+    auto lease = w4a8moe::ContextPool::instance().lease(wanted_threads());
     w4a8moe::forward(lease.context(), xv, ids, weights, w13, w2, params, ov);
     return out;
   });
