@@ -402,7 +402,8 @@ void fuzz_misc(Reader& r) {
     case 1: {
       const auto code = static_cast<int64_t>(r.u64());
       const Activation a = activation_from_code(code);
-      if (static_cast<int64_t>(a) != code || code < 0 || code > 4) finding("activation code");
+      if (static_cast<int64_t>(a) != code || !is_valid_activation_code(code))
+        finding("activation code");
       break;
     }
     default: {

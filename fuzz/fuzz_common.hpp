@@ -1,4 +1,4 @@
-// Shared pieces of the libFuzzer harnesses (issue 6).
+// Shared pieces of the libFuzzer harnesses.
 //
 // Each harness is written once as W4A8MOE_FUZZ_TARGET(name) { ... data, size ... } and built two
 // ways: with clang and -fsanitize=fuzzer it is the fuzzer's entry point (LLVMFuzzerTestOneInput);
@@ -189,8 +189,8 @@ class MemFile {
 };
 
 // forward() on two packed buffers with a few tokens generated from `r`, on one thread and on two:
-// the library may refuse (Error), but when it computes, the bits must agree (README: results are
-// bit-identical for any thread count), NaN payloads included.
+// the library may refuse (Error), but when it computes, the bits must agree (docs/operator.md:
+// results are bit-identical for any thread count), NaN payloads included.
 inline void forward_on_one_and_two_threads(std::span<const uint8_t> w13,
                                            std::span<const uint8_t> w2, Reader& r) {
   const PackedInfo i13 = inspect_packed(w13, "w13");

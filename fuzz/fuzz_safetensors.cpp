@@ -31,7 +31,7 @@ void run_case(const io::LoadedCase& c) {
 
 W4A8MOE_FUZZ_TARGET(safetensors) {
   const w4a8moe::fuzz::MemFile file({data, size});
-  try {  // the memory-mapped reader of checkpoints (issue 7): same checks, data left in the file
+  try {  // the memory-mapped reader of checkpoints: same checks, data left in the file
     const w4a8moe::io::MappedSafetensors mapped = w4a8moe::io::MappedSafetensors::open(file.path());
     uint64_t sum = 0;
     for (const std::string& name : mapped.names()) {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces the README's performance table: `w4a8moe bench` for every x86 kernel set this CPU
+# Reproduces the table of docs/performance.md: `w4a8moe bench` for every x86 kernel set this CPU
 # has and tokens 1, 8, 32, 128, 512 (Qwen3-30B-A3B, group 32, bf16 scales, f32 x, uniform
 # routing, all threads) plus 512 with skewed routing, printing one markdown row per run. Each
 # row's ratios come from probes run between that run's timed forwards; its last column is the

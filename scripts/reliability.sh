@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The reliability stages of scripts/test.sh (issue 6), each in its own build directory:
+# The reliability stages of scripts/test.sh, each in its own build directory:
 #
 #   asan  AddressSanitizer + UndefinedBehaviorSanitizer build (GCC) of the library, the program
 #         and every test suite; CTest runs the library suites once per kernel set (W4A8MOE_ISA),
@@ -53,12 +53,13 @@ tsan_stage() {
   cmake -S . -B build-test-tsan -DW4A8MOE_SANITIZE=thread -DW4A8MOE_BUILD_TOOLS=OFF \
     "${common[@]}" >/dev/null
   cmake --build build-test-tsan -j"$jobs" --target w4a8moe_tests w4a8moe_reliability_tests
-  # The thread suites (1 to 7 threads, concurrent contexts, repeated and chunked calls) and the
-  # feature grid (every activation, bias, router weight on the input: 2 threads) with the best
-  # kernel set; the portable set's kernels are slow under TSan: its cheaper thread cases only.
-  local threads='Cases/Threads.*:ThreadsContext.*:ForwardInput.EmptyBatchIsANoOp'
+  # The thread suites (1 to 7 threads, concurrent and pooled contexts, repeated and chunked calls)
+  # and the feature grid (every activation, bias, router weight on the input: 2 threads) with the
+  # best kernel set; the portable set's kernels are slow under TSan: its cheaper thread cases only.
+  local threads='Cases/Threads.*:ThreadsContext.*:ContextPoolTest.*:ForwardInput.EmptyBatchIsANoOp'
   threads+=':Forward/FeatureGrid.*:SpecialRows.NanOrInfInXStaysInItsToken'
   local cheap='Cases/Threads.*decode_T1:Cases/Threads.*channelwise_odd_f16:ThreadsContext.*'
+  cheap+=':ContextPoolTest.*'
   local more='ResourceLimits.*:PackedFileTest.RoundTripGivesTheSameBits:HostilePointers.*'
   local isa filter
   for isa in best scalar; do

@@ -10,13 +10,12 @@ cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Release -DW4A8MOE_WERROR=ON \
 cmake --build build-test -j"$jobs"
 ctest --test-dir build-test --output-on-failure -j"$jobs" -LE torch  # torch: the stage below
 
-# ---- torch stage (issue 5): the PyTorch binding's pytest suite, with Debian's torch ----------
+# ---- torch stage: the PyTorch binding's pytest suite, with Debian's torch ---------------------
 echo "== torch stage: pytest python/tests with /usr/bin/python3 =="
 PYTHONPATH="$PWD/build-test/python" W4A8MOE_CLI="$PWD/build-test/w4a8moe" \
   /usr/bin/python3 -m pytest -q -p no:cacheprovider python/tests
-# ---- end torch stage
 
-# ---- Arm stage (issue 4): cross build for AArch64, its CTest suites under qemu-aarch64 -------
+# ---- Arm stage: cross build for AArch64, its CTest suites under qemu-aarch64 -------
 # One run per Arm kernel set on an emulated CPU with just its features, and the Arm program
 # compared with build-test's x86 program on the same case files (tests/arm).
 arm_stage() {
@@ -31,11 +30,9 @@ arm_stage() {
   echo "== Arm stage: $((SECONDS - start)) s =="
 }
 arm_stage
-# ---- end Arm stage
 
-# ---- reliability stages (issue 6): AddressSanitizer + UBSan build of everything, its tests
+# ---- reliability stages: AddressSanitizer + UBSan build of everything, its tests
 # under every kernel set, ThreadSanitizer on the threaded forward pass, libFuzzer harnesses
-# (60 s each); see scripts/reliability.sh and README "Sanitizers and fuzzing".
+# (60 s each); see scripts/reliability.sh and docs/testing.md.
 scripts/install-deps.sh --reliability
 scripts/reliability.sh
-# ---- end reliability stages

@@ -12,7 +12,7 @@
 #include "kernels/x86_avx512vnni/avx512vnni_kernels.hpp"
 #include "kernels/x86_ymm/ymm_kernels.hpp"
 #endif
-#if defined(__aarch64__)  // Arm kernel sets (issue 4)
+#if defined(__aarch64__)  // Arm kernel sets
 #include "kernels/arm_neon/arm_kernels.hpp"
 #endif
 
@@ -34,7 +34,7 @@ bool always(const CpuFeatures&) { return true; }
   return f.avxvnni && f.avx2 && f.fma && f.f16c;
 }
 [[maybe_unused]] bool has_avx2(const CpuFeatures& f) { return f.avx2 && f.fma && f.f16c; }
-// Arm (issue 4): every i8mm core also has the dot product (both mandatory from Armv8.6).
+// Arm: every i8mm core also has the dot product (both mandatory from Armv8.6).
 [[maybe_unused]] bool has_neon(const CpuFeatures& f) { return f.neon; }
 [[maybe_unused]] bool has_dotprod(const CpuFeatures& f) { return f.neon && f.dotprod; }
 [[maybe_unused]] bool has_i8mm(const CpuFeatures& f) { return f.neon && f.dotprod && f.i8mm; }
@@ -53,7 +53,7 @@ constexpr KernelSet kTable[] = {
     {"avx2", LayoutId::qu4_p8k8, avx2::kTileM, true, has_avx2, avx2::quantize_qa8,
      {{avx2::kTileM, avx2::gemm_qa8_qu4p8}}, avx2::activate},
 #endif
-#if defined(__aarch64__)  // one quantizer for the three Arm sets
+#if defined(__aarch64__)  // Arm kernel sets; one quantizer for the three
     {"neoni8mm", LayoutId::qu4_p8k16, neoni8mm::kTileM, true, has_i8mm, neon::quantize_qa8,
      {{neoni8mm::kTileM, neoni8mm::gemm_qa8_qu4p8k16}}, neoni8mm::activate},
     {"neondot", LayoutId::qu4_p8k8, neondot::kTileM, true, has_dotprod, neon::quantize_qa8,

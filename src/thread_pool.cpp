@@ -41,7 +41,7 @@ ThreadPool::ThreadPool(int threads) : size_(threads < 1 ? 1 : threads), sync_(si
   threads_.reserve(static_cast<size_t>(size_ - 1));
   try {
     for (int i = 1; i < size_; ++i) threads_.emplace_back(&ThreadPool::worker, this, i);
-  } catch (...) {  // issue 6: the system refused a thread; stop the started ones, then report
+  } catch (...) {  // the system refused a thread; stop the started ones, then report
     stop_.store(true, std::memory_order_relaxed);
     generation_.fetch_add(1, std::memory_order_release);
     generation_.notify_all();

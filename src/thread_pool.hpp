@@ -1,11 +1,13 @@
 // A small pool of persistent worker threads for the forward pass. run() executes a body on every
-// thread (the caller is thread 0); inside the body, barrier() separates phases.
+// thread (the caller is thread 0); inside the body, barrier() separates phases. parallel_for()
+// is the one-shot fan-out of the other components.
 //
 // Waiting spins for a short while (a decode step is a fraction of a millisecond, and a futex
 // wake-up costs tens of microseconds), then sleeps on a futex-backed atomic wait, so idle pools
 // and oversubscribed machines do not burn CPU.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <exception>
@@ -62,5 +64,19 @@ class ThreadPool {
   std::exception_ptr error_;
   std::vector<std::thread> threads_;
 };
+
+// Runs body(i) for every i in [0, n) on up to `threads` threads of a pool made for the call (the
+// caller is one of them); thread t takes i = t, t + threads, ... For one-shot fan-outs (packing,
+// loading, synthetic weights), where a thread's start-up is small against the work. Rethrows the
+// first exception a body threw.
+template <class Body>
+void parallel_for(int64_t n, int64_t threads, const Body& body) {
+  const int workers = static_cast<int>(std::clamp<int64_t>(threads, 1, std::max<int64_t>(n, 1)));
+  ThreadPool pool(workers);
+  auto task = [&](int t) {
+    for (int64_t i = t; i < n; i += workers) body(i);
+  };
+  pool.run(task);
+}
 
 }  // namespace w4a8moe::detail

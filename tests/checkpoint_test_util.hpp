@@ -1,4 +1,4 @@
-// Helpers of the checkpoint suites (issue 7): a temporary folder, the logical weights a loader
+// Helpers of the checkpoint suites: a temporary folder, the logical weights a loader
 // hands to the packer (decoded back to int4 values and float scales), and the end-to-end check of
 // one layer: route with the library, route independently, run forward(), compare with the
 // independent exact and float references (tests/reference).

@@ -1,4 +1,4 @@
-// Test-only writers of GGUF files and compressed-tensors checkpoint folders (issue 7), written
+// Test-only writers of GGUF files and compressed-tensors checkpoint folders, written
 // from the formats' specifications without the library's readers, plus the small MoE models the
 // checkpoint suites store in them and an independent routing reference.
 #pragma once

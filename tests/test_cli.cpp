@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "io/safetensors.hpp"
+#include "program_runner.hpp"
 #include "reference/reference.hpp"
 #include "w4a8moe/w4a8moe.hpp"
 
@@ -29,11 +30,7 @@ using ::testing::HasSubstr;
 using ::testing::StartsWith;
 namespace fs = std::filesystem;
 
-#ifdef W4A8MOE_CLI_PATH
-constexpr const char* kCliPath = W4A8MOE_CLI_PATH;
-#else
-constexpr const char* kCliPath = nullptr;
-#endif
+using moe_test::kCliPath;
 
 constexpr int kThreads = 2;
 
@@ -236,10 +233,7 @@ GeneratedCase generate(const CaseSpec& spec) {
 // ---------------------------------------------------------------------------------------------
 // Running the program
 
-struct RunResult {
-  int exit_code = -1;  // -1 - signal number when killed by a signal
-  std::string out, err;
-};
+using RunResult = moe_test::ProgramResult;
 
 class CliTest : public ::testing::Test {
  protected:
@@ -256,33 +250,8 @@ class CliTest : public ::testing::Test {
 
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
-  static std::string quote(const std::string& s) {
-    std::string q = "'";
-    for (char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-    return q + "'";
-  }
-  static std::string slurp(const std::string& file) {
-    std::ifstream in(file, std::ios::binary);
-    std::ostringstream s;
-    s << in.rdbuf();
-    return s.str();
-  }
-
   RunResult run(const std::vector<std::string>& args) {
-    std::string command = quote(kCliPath);
-    for (const std::string& a : args) command += " " + quote(a);
-    const std::string out_file = path("stdout.txt"), err_file = path("stderr.txt");
-    command += " >" + quote(out_file) + " 2>" + quote(err_file) + " </dev/null";
-    const int status = std::system(command.c_str());
-    RunResult r;
-    if (status != -1 && WIFEXITED(status)) {
-      r.exit_code = WEXITSTATUS(status);
-    } else if (status != -1 && WIFSIGNALED(status)) {
-      r.exit_code = -1 - WTERMSIG(status);
-    }
-    r.out = slurp(out_file);
-    r.err = slurp(err_file);
-    return r;
+    return moe_test::run_program(args, dir_.string());
   }
 
   RunResult run_case(const std::string& input, const std::string& output) {

@@ -1,4 +1,4 @@
-// The program with packed weight files (issue 6): `w4a8moe pack` writes a case's experts to a
+// The program with packed weight files: `w4a8moe pack` writes a case's experts to a
 // file; `run --packed` and `bench --packed` map it. Same bits as packing in the run; a file of
 // another case, a damaged file or a bad argument ends with exit code 1 and one line on stderr.
 #include <gtest/gtest.h>
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "io/safetensors.hpp"
+#include "program_runner.hpp"
 #include "test_util.hpp"
 #include "w4a8moe/w4a8moe.hpp"
 
@@ -26,31 +27,11 @@ namespace fs = std::filesystem;
 using moe_test::CaseSpec;
 using moe_test::DType;
 
-#ifdef W4A8MOE_CLI_PATH
-constexpr const char* kCliPath = W4A8MOE_CLI_PATH;
-#else
-constexpr const char* kCliPath = nullptr;
-#endif
+using moe_test::kCliPath;
 
-struct Result {
-  int exit_code = -1;
-  std::string out, err;
-};
+using Result = moe_test::ProgramResult;
 
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (const char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-  return q + "'";
-}
-
-std::string slurp(const std::string& file) {
-  std::ifstream in(file, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// Writes the inputs of one forward call as a case file (README "run").
+// Writes the inputs of one forward call as a case file (README, "The program": run).
 void write_case(const moe_test::Case& c, const std::string& path) {
   w4a8moe::io::SafetensorsWriter w;
   const CaseSpec& s = c.spec;
@@ -110,18 +91,7 @@ class CliPacked : public testing::Test {
 
   // `env` is a prefix such as "W4A8MOE_ISA=scalar " (or empty).
   Result run(const std::vector<std::string>& args, const std::string& env = "") {
-    std::string command = env;
-    command.append(quote(kCliPath));
-    for (const std::string& a : args) command.append(" ").append(quote(a));
-    const std::string out = path("stdout.txt"), err = path("stderr.txt");
-    command.append(" >").append(quote(out)).append(" 2>").append(quote(err));
-    command.append(" </dev/null");
-    const int status = std::system(command.c_str());
-    Result r;
-    if (status != -1 && WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
-    r.out = slurp(out);
-    r.err = slurp(err);
-    return r;
+    return moe_test::run_program(args, dir_.string(), env);
   }
 
   std::vector<uint8_t> out_bytes(const std::string& file) {

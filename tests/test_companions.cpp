@@ -1,5 +1,5 @@
-// The companions of the forward pass (SPEC section 7): the capability check, shape inference,
-// float-weight quantization, and the CPU / kernel-set queries with the ISA cap.
+// The companions of the forward pass (docs/operator.md, "Companions"): the capability check,
+// shape inference, float-weight quantization, and the CPU / kernel-set queries with the ISA cap.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// compressed-tensors checkpoints (issue 7), written by the suite's own writer: the pack-quantized
+// compressed-tensors checkpoints, written by the suite's own writer: the pack-quantized
 // word layout (compressed-tensors' pack_to_int32), int4 values and scales read back exactly
 // (pack-quantized, int-quantized, group and channel strategies), dense BF16 weights quantized on
 // load, sharded folders, whole layers of three model families against the independent references,

@@ -1,4 +1,4 @@
-// Every file of fuzz/corpus/<harness>/ through its fuzz harness (issue 6): the seeds, and each
+// Every file of fuzz/corpus/<harness>/ through its fuzz harness: the seeds, and each
 // input a fuzzer once crashed on (added there as a regression test). A harness aborts on a broken
 // invariant; a sanitizer build reports memory errors. CTest runs this once per kernel set.
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// GGUF (issue 7): the reader on files written by the suite's own writer (metadata of every value
+// GGUF: the reader on files written by the suite's own writer (metadata of every value
 // type, alignment, tensor infos), Q4_0 read back bit for bit (values, f16 scales, and the packed
 // buffer's scales), the dequantizers of the converted types against the formats' definitions,
 // conversion error bounds, whole layers of three architectures against the independent

@@ -1,4 +1,4 @@
-// `w4a8moe layer` end to end (issue 7): GGUF files and compressed-tensors folders written by the
+// `w4a8moe layer` end to end: GGUF files and compressed-tensors folders written by the
 // suite, the report it prints, its output file against forward() in this process (bit for bit),
 // streaming (the peak resident memory stays far below the file's size), and its failures: exit
 // code 1 with one line on stderr.
@@ -14,6 +14,7 @@
 #include "checkpoint_test_util.hpp"
 #include "checkpoint_writers.hpp"
 #include "io/safetensors.hpp"
+#include "program_runner.hpp"
 
 namespace {
 
@@ -23,44 +24,19 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using ::testing::StartsWith;
 
-#ifdef W4A8MOE_CLI_PATH
-constexpr const char* kCliPath = W4A8MOE_CLI_PATH;
-#else
-constexpr const char* kCliPath = nullptr;
-#endif
+using moe_test::kCliPath;
 
-struct Result {
-  int exit_code = -1;
-  std::string out, err;
-};
+using Result = moe_test::ProgramResult;
 
 class LayerCli : public ::testing::Test {
  protected:
   void SetUp() override {
     if (kCliPath == nullptr) GTEST_SKIP() << "the w4a8moe program is not part of this build";
   }
-  static std::string quote(const std::string& s) {
-    std::string q = "'";
-    for (const char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-    return q + "'";
-  }
-  static std::string slurp(const std::string& file) {
-    std::ifstream in(file, std::ios::binary);
-    std::ostringstream s;
-    s << in.rdbuf();
-    return s.str();
-  }
   Result run(const std::vector<std::string>& args) {
-    std::string command = quote(kCliPath) + " layer";
-    for (const std::string& a : args) command.append(" ").append(quote(a));
-    const std::string out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
-    command.append(" >").append(quote(out)).append(" 2>").append(quote(err)).append(" </dev/null");
-    const int status = std::system(command.c_str());
-    Result r;
-    if (status != -1 && WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
-    r.out = slurp(out);
-    r.err = slurp(err);
-    return r;
+    std::vector<std::string> command = {"layer"};
+    command.insert(command.end(), args.begin(), args.end());
+    return moe_test::run_program(command, dir_.path().string());
   }
   // A run that must fail: exit code 1, one line on stderr starting "w4a8moe layer: ".
   std::string failure(const std::vector<std::string>& args) {

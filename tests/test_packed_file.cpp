@@ -1,4 +1,4 @@
-// Packed weight files (issue 6): save_packed() and PackedFile. A saved file gives forward() the
+// Packed weight files: save_packed() and PackedFile. A saved file gives forward() the
 // same bits as the buffers it was saved from; a crash while writing never leaves a partial file
 // under the final name; every kind of damage, a foreign version or a layout this CPU cannot run
 // is refused with a message naming the file; copies are immune to later changes of the file.

@@ -1,4 +1,4 @@
-// Hostile inputs (issue 6; README "Robustness"): NaN/Inf and zeros in scales and biases stay with
+// Hostile inputs (docs/robustness.md): NaN/Inf and zeros in scales and biases stay with
 // their expert; huge and overflowing dimensions are refused before anything is allocated or read;
 // null and misaligned pointers; buffers that end (or start) at an unmapped page are read within
 // their bounds by every kernel set; the context's memory limit chunks a call or refuses it.
@@ -498,8 +498,8 @@ TEST(GuardPages, EveryBufferIsReadWithinItsBounds) {
 
 // ---- resource limits ---------------------------------------------------------------------------
 
-// README "Resource limits": the scratch of forward() for a chunk of c tokens, each array rounded
-// up to 64 bytes (here: an upper bound, adding 64 per array and per row).
+// docs/robustness.md, "Resource limits": the scratch of forward() for a chunk of c tokens, each
+// array rounded up to 64 bytes (here: an upper bound, adding 64 per array and per row).
 size_t documented_scratch(const CaseSpec& s, int64_t chunk, int threads) {
   const auto a64 = [](int64_t v) { return static_cast<size_t>((v + 63) / 64 * 64); };
   const int64_t hp = (s.hidden + 31) / 32 * 32, ip = (s.inter + 31) / 32 * 32;

@@ -1,4 +1,4 @@
-// The routing API (issue 7) against an independent implementation (tests/checkpoint_writers:
+// The routing API against an independent implementation (tests/checkpoint_writers:
 // double math, stable sorts): every gating rule of the real models, groups, scaling, ties, NaN,
 // and the router matmul; bad configurations rejected with a message.
 #include <gmock/gmock.h>

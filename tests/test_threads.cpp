@@ -1,7 +1,9 @@
-// The same bits for any thread count, for repeated calls, and no scratch growth in steady state.
+// The same bits for any thread count, for repeated calls, and no scratch growth in steady state;
+// the pool of contexts for concurrent callers.
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -127,8 +129,8 @@ TEST(ThreadsContext, SmallerCallsReuseTheScratch) {
 }
 
 TEST(ThreadsContext, ContextsMayRunConcurrently) {
-  // Each Context is single-threaded in use, but two contexts on two threads must not interfere
-  // (no hidden global state in the forward pass).
+  // Each Context is single-threaded in use, but contexts on several threads must not interfere
+  // (no hidden global state in the forward pass), whether owned or leased from a ContextPool.
   CaseSpec spec;
   spec.tokens = 40;
   spec.hidden = 256;
@@ -141,18 +143,68 @@ TEST(ThreadsContext, ContextsMayRunConcurrently) {
   const moe_test::PackedPair packed = moe_test::pack(c);
   w4a8moe::Context reference_context(1);
   const moe_test::Output expected = moe_test::run_forward(c, packed, reference_context);
-  std::vector<moe_test::Output> outs(2);
+  // Threads 0 and 1 own a Context each; threads 2 to 4 lease one from the process's
+  // ContextPool for every call, as an embedder serving concurrent requests does.
+  std::vector<moe_test::Output> outs(5);
+  w4a8moe::ContextPool& pool = w4a8moe::ContextPool::instance();
   {
     std::vector<std::thread> workers;
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < 5; ++i)
       workers.emplace_back([&, i] {
-        w4a8moe::Context context(2);
-        for (int r = 0; r < 5; ++r)
-          outs[static_cast<size_t>(i)] = moe_test::run_forward(c, packed, context);
+        std::optional<w4a8moe::Context> own;
+        if (i < 2) own.emplace(2);
+        for (int r = 0; r < 5; ++r) {
+          if (own) {
+            outs[static_cast<size_t>(i)] = moe_test::run_forward(c, packed, *own);
+          } else {
+            auto lease = pool.lease(2);
+            outs[static_cast<size_t>(i)] = moe_test::run_forward(c, packed, lease.context());
+          }
+        }
       });
     for (std::thread& w : workers) w.join();
   }
   for (const moe_test::Output& o : outs) EXPECT_TRUE(o.bytes == expected.bytes);
+  EXPECT_LE(pool.idle(), w4a8moe::ContextPool::kMaxIdle);
+}
+
+// ---- ContextPool ------------------------------------------------------------------------------
+
+TEST(ContextPoolTest, ASteadyStreamOfCallsReusesOneContext) {
+  w4a8moe::ContextPool pool;
+  const w4a8moe::Context* first = nullptr;
+  {
+    auto lease = pool.lease(2);
+    first = &lease.context();
+    EXPECT_EQ(lease.context().threads(), 2);
+  }
+  EXPECT_EQ(pool.idle(), 1u);
+  {
+    auto lease = pool.lease(2);
+    EXPECT_EQ(&lease.context(), first);
+    EXPECT_EQ(pool.idle(), 0u);
+  }
+  {
+    auto lease = pool.lease(0);  // any idle context
+    EXPECT_EQ(&lease.context(), first);
+  }
+  {
+    auto lease = pool.lease(1);  // another thread count: a new context
+    EXPECT_NE(&lease.context(), first);
+    EXPECT_EQ(lease.context().threads(), 1);
+  }
+  EXPECT_EQ(pool.idle(), 2u);
+}
+
+TEST(ContextPoolTest, ConcurrentLeasesGetTheirOwnContexts) {
+  w4a8moe::ContextPool pool;
+  std::vector<w4a8moe::ContextPool::Lease> leases;
+  for (size_t i = 0; i < w4a8moe::ContextPool::kMaxIdle + 2; ++i) leases.push_back(pool.lease(1));
+  for (size_t i = 0; i < leases.size(); ++i)
+    for (size_t j = 0; j < i; ++j) EXPECT_NE(&leases[i].context(), &leases[j].context());
+  EXPECT_EQ(pool.idle(), 0u);
+  leases.clear();  // the oldest idle ones beyond kMaxIdle are destroyed
+  EXPECT_EQ(pool.idle(), w4a8moe::ContextPool::kMaxIdle);
 }
 
 }  // namespace

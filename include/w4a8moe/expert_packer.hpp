@@ -1,4 +1,4 @@
-// Streamed packing (issue 7): pack a weight tensor a chunk of experts at a time, so that a loader
+// Streamed packing: pack a weight tensor a chunk of experts at a time, so that a loader
 // holds the unpacked weights of one chunk only, never the whole layer.
 //
 //   ExpertPacker packer(WeightRole::w13, E, options);

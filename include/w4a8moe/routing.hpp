@@ -1,5 +1,5 @@
 // w4a8moe routing: router logits -> topk_ids and topk_weights, the way real MoE models choose
-// their experts (issue 7). The result feeds forward() directly.
+// their experts. The result feeds forward() directly.
 //
 //   logits = x @ W^T (+ router bias)                        router_logits(): f32 math
 //   scores = softmax(logits) | sigmoid(logits) | logits     Gating

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -51,7 +52,13 @@ enum class Activation : int {
 const char* activation_name(Activation kind) noexcept;
 // "silu", "swigluoai", "swiglustep", "gelu", "gelu_tanh" -> kind; anything else throws Error.
 Activation parse_activation(std::string_view name);
-// 0..4 -> kind; anything else throws Error (never a silent fallback to SILU).
+// The rule of the integer codes: 0 .. kActivationCount - 1. activation_from_code() and
+// is_supported_config() apply it; anything else is an error, never a silent fallback to SILU.
+inline constexpr int64_t kActivationCount = 5;
+constexpr bool is_valid_activation_code(int64_t code) noexcept {
+  return code >= 0 && code < kActivationCount;
+}
+// A valid code -> kind; anything else throws Error.
 Activation activation_from_code(int64_t code);
 
 // How the gate and up projections are stacked in w13 [E, 2I, H] as given to the packer.
@@ -105,15 +112,35 @@ enum class ScaleStorage : uint8_t {
 
 enum class WeightRole : uint8_t { w13 = 0, w2 = 1 };
 
+// The shape rules of the packed weights, one function each. The packer, the capability check,
+// the program, the checkpoint loaders and the PyTorch binding all ask these, each wording its own
+// message.
+//
+// Every packed layout stores the input dimension in blocks of kGroupBlock elements, so a scale
+// group is a whole number of blocks.
+inline constexpr int64_t kGroupBlock = 32;
+// -1 (one scale per output row, "channelwise"), or a positive multiple of kGroupBlock.
+constexpr bool is_valid_group_size(int64_t group_size) noexcept {
+  return group_size == -1 || (group_size > 0 && group_size % kGroupBlock == 0);
+}
+// A valid group size that, unless -1, divides `cols`, the input dimension of one weight tensor
+// (H for w13, I for w2; a layer needs it for both).
+constexpr bool group_size_fits(int64_t group_size, int64_t cols) noexcept {
+  return is_valid_group_size(group_size) && (group_size == -1 || cols % group_size == 0);
+}
+// w13 stacks the gate and the up projection, I rows each: its row count is even.
+constexpr bool is_valid_w13_rows(int64_t rows) noexcept { return rows % 2 == 0; }
+
 struct PackOptions {
-  // -1 (one scale per output row), or a multiple of 32 dividing the input dimension.
+  // -1 (one scale per output row), or a multiple of 32 dividing the input dimension
+  // (group_size_fits()).
   int group_size = -1;
   GateUpLayout gate_up_layout = GateUpLayout::halves;  // w13 only
   ScaleStorage scale_storage = ScaleStorage::as_given;
   // Kernel set whose layout to pack for; empty = the set forward() will pick on this CPU.
   std::string kernel_set;
-  // ---- resource limits (issue 6): the packer refuses (Error) to allocate a packed buffer larger
-  // than this many bytes (the buffer is about the size of the int4 weights given, plus scales).
+  // Resource limit: the packer refuses (Error) to allocate a packed buffer larger than this many
+  // bytes (the buffer is about the size of the int4 weights given, plus scales).
   size_t memory_limit = SIZE_MAX;
 };
 
@@ -166,6 +193,17 @@ PackedWeights pack_w2(const TensorView& w2, const TensorView& scale, const Tenso
 // Checks a packed buffer's header against its size and decodes it; throws Error on any mismatch.
 PackedInfo inspect_packed(std::span<const uint8_t> packed, std::string_view argument = "packed");
 
+// The size in bytes of the buffer pack_w13 (role w13: rows 2I, cols H) or pack_w2 (role w2: rows
+// H, cols I) returns for these shapes and options, from the shapes alone (for the meta kernels of
+// graph compilers). `scale_dtype` is the dtype of the scales as given (options.scale_storage
+// applies). Throws Error naming `argument` where the packer would refuse these sizes.
+size_t packed_size(WeightRole role, int64_t experts, int64_t rows, int64_t cols, DType scale_dtype,
+                   bool has_bias, const PackOptions& options, std::string_view argument);
+
+// The kernel set forward() runs on a buffer of this layout (PackedInfo::layout): the best one
+// this CPU can use within the ISA cap. Throws Error when none reads it.
+std::string kernel_set_for_layout(std::string_view layout);
+
 // ---------------------------------------------------------------------------------------------
 // Forward
 
@@ -187,16 +225,15 @@ class Context {
   int threads() const noexcept;
   // Bytes of scratch memory currently held.
   size_t scratch_bytes() const noexcept;
-  // ---- resource limits (issue 6) -------------------------------------------------------------
+  // ---- resource limits ----------------------------------------------------------------------
   // The most scratch memory forward() may hold (default kDefaultMemoryLimit). Tokens are processed
   // in chunks that fit; a call whose need for a single token exceeds the limit throws Error
   // naming the limit and the need, before allocating. Lowering the limit releases a larger
-  // scratch at the next call. README "Resource limits" gives the scratch as a function of T, K,
-  // H, I and the thread count.
+  // scratch at the next call. docs/robustness.md, "Resource limits", gives the scratch as a
+  // function of T, K, H, I and the thread count.
   static constexpr size_t kDefaultMemoryLimit = size_t{1} << 30;
   void set_memory_limit(size_t bytes) noexcept;
   size_t memory_limit() const noexcept;
-  // ---- end resource limits -------------------------------------------------------------------
 
   struct Impl;
 
@@ -207,12 +244,65 @@ class Context {
   std::unique_ptr<Impl> impl_;
 };
 
+// Contexts for an embedder that calls forward() from several threads (a serving process, the
+// PyTorch binding): lease() hands out an idle Context with the wanted thread count, or makes
+// one, so that concurrent callers each get their own (a Context is not safe to share) and a
+// steady stream of calls reuses the same one; the lease gives it back when destroyed. At most
+// kMaxIdle contexts stay idle, each with its sleeping workers and scratch; the least recently
+// used goes first. Thread-safe.
+class ContextPool {
+ public:
+  static constexpr size_t kMaxIdle = 4;
+
+  // The process's pool. Never destroyed (worker threads are not joined at exit); after fork()
+  // the child's pool starts empty, since the child has none of the parent's worker threads.
+  static ContextPool& instance();
+
+  class Lease {
+   public:
+    Lease(ContextPool& pool, std::unique_ptr<Context> context) noexcept
+        : pool_(&pool), context_(std::move(context)) {}
+    ~Lease();
+    Lease(Lease&& other) noexcept = default;
+    Lease& operator=(Lease&&) = delete;
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    Context& context() noexcept { return *context_; }
+
+   private:
+    ContextPool* pool_;
+    std::unique_ptr<Context> context_;
+  };
+
+  ContextPool() = default;
+  ContextPool(const ContextPool&) = delete;
+  ContextPool& operator=(const ContextPool&) = delete;
+
+  // threads > 0: a Context with exactly that many threads; 0: any idle one, else a new one with
+  // all hardware threads. Throws Error as Context's constructor does.
+  Lease lease(int threads);
+  // Contexts waiting for a lease.
+  size_t idle() const;
+
+ private:
+  void give_back(std::unique_ptr<Context> context) noexcept;
+  void forget_after_fork() noexcept;
+
+  mutable std::mutex mutex_;
+  std::vector<std::unique_ptr<Context>> idle_;  // least recently used first
+};
+
 // x [T, H] f32/bf16/f16 (row stride may exceed H); topk_ids [T, K] int32/int64 in [0, E);
 // topk_weights [T, K] f32/bf16/f16; w13 and w2 packed buffers; out [T, H] of x's dtype.
 void forward(Context& context, const TensorView& x, const TensorView& topk_ids,
              const TensorView& topk_weights, std::span<const uint8_t> w13_packed,
              std::span<const uint8_t> w2_packed, const MoeParams& params,
              const MutableTensorView& out);
+
+// Checks the activation and its parameters as forward() does (a known activation, finite alpha,
+// positive limit); throws Error naming the first bad one. For callers that check before they
+// have data (shape inference).
+void check_moe_params(const MoeParams& params);
 
 // ---------------------------------------------------------------------------------------------
 // Companions
@@ -277,7 +367,7 @@ QuantizedWeights quantize_weights(const TensorView& w, int group_size,
                                   QuantRule rule = QuantRule::absmax7);
 
 // ---------------------------------------------------------------------------------------------
-// Packed weight files (issue 6)
+// Packed weight files
 //
 // A file holding one layer's two packed buffers, so later runs map it instead of repacking:
 // a 4096-byte header (magic, file version, packed format version, layout, shapes, group size,
@@ -356,7 +446,6 @@ class PackedFile {
  private:
   std::unique_ptr<Impl> impl_;
 };
-// ---- end packed weight files ----------------------------------------------------------------
 
 // ---------------------------------------------------------------------------------------------
 // CPU and kernel sets

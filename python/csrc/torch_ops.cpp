@@ -17,24 +17,19 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/util/Optional.h>
-#include <pthread.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
-// Internal headers: the meta kernel of the packing op computes the packed size from shapes alone,
-// with the same geometry code the packer uses (so the two can never disagree).
-#include "pack/packed_format.hpp"
-#include "registry.hpp"
+// Only the public API: the meta kernel of the packing op asks the library for the packed size
+// (w4a8moe::packed_size, the packer's own geometry), so the two can never disagree.
 #include "w4a8moe/w4a8moe.hpp"
 
 namespace w4a8moe_torch {
@@ -117,10 +112,8 @@ std::span<const uint8_t> packed_bytes(const Tensor& t, const char* name) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Threads: one pool of Contexts per process. A call leases an idle Context with the wanted
-// thread count (or makes one), so concurrent calls from several Python threads each get their
-// own (a Context is not safe to share) and a steady stream of calls reuses one. At most kMaxIdle
-// stay idle (the least recently used go first), each with its sleeping workers and scratch.
+// Threads: the library's per-process w4a8moe::ContextPool, so that concurrent calls from several
+// Python threads each get their own Context and a forked child starts with a fresh pool.
 
 std::atomic<int64_t> g_threads{0};  // 0: follow torch.get_num_threads()
 
@@ -131,75 +124,6 @@ int wanted_threads() {
   const int torch_threads = at::get_num_threads();
   return torch_threads > 0 ? torch_threads : 0;  // 0: the library's default (hardware)
 }
-
-class ContextPool {
- public:
-  static ContextPool& instance() {
-    // Never destroyed: worker threads are not joined during interpreter shutdown.
-    static ContextPool* pool = [] {
-      auto* p = new ContextPool();
-      pthread_atfork([] { ContextPool::instance().mutex_.lock(); },
-                     [] { ContextPool::instance().mutex_.unlock(); },
-                     [] { ContextPool::instance().after_fork_in_child(); });
-      return p;
-    }();
-    return *pool;
-  }
-
-  class Lease {
-   public:
-    Lease(ContextPool& pool, std::unique_ptr<w4a8moe::Context> context)
-        : pool_(pool), context_(std::move(context)) {}
-    ~Lease() { pool_.give_back(std::move(context_)); }
-    Lease(const Lease&) = delete;
-    Lease& operator=(const Lease&) = delete;
-    w4a8moe::Context& context() { return *context_; }
-
-   private:
-    ContextPool& pool_;
-    std::unique_ptr<w4a8moe::Context> context_;
-  };
-
-  Lease lease(int threads) {
-    std::unique_ptr<w4a8moe::Context> found;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      for (auto it = idle_.rbegin(); it != idle_.rend(); ++it) {
-        if (threads == 0 || (*it)->threads() == threads) {
-          found = std::move(*it);
-          idle_.erase(std::next(it).base());
-          break;
-        }
-      }
-    }
-    if (!found) found = std::make_unique<w4a8moe::Context>(threads);
-    return Lease(*this, std::move(found));
-  }
-
- private:
-  static constexpr size_t kMaxIdle = 4;
-
-  void give_back(std::unique_ptr<w4a8moe::Context> context) {
-    std::unique_ptr<w4a8moe::Context> evicted;  // destroyed outside the lock
-    std::lock_guard<std::mutex> lock(mutex_);
-    idle_.push_back(std::move(context));
-    if (idle_.size() > kMaxIdle) {
-      evicted = std::move(idle_.front());
-      idle_.erase(idle_.begin());
-    }
-  }
-
-  // The child of a fork has none of the parent's worker threads: forget (leak) the Contexts
-  // instead of joining threads that do not exist there.
-  void after_fork_in_child() {
-    for (auto& c : idle_) static_cast<void>(c.release());
-    idle_.clear();
-    mutex_.unlock();
-  }
-
-  std::mutex mutex_;
-  std::vector<std::unique_ptr<w4a8moe::Context>> idle_;
-};
 
 // ---------------------------------------------------------------------------------------------
 // The forward op
@@ -287,7 +211,7 @@ Tensor moe_ex_cpu(const Tensor& x_in, const Tensor& topk_ids_in, const Tensor& t
     ov.rank = 2;
     ov.shape = {shape[0], shape[1], 0};
 
-    auto lease = ContextPool::instance().lease(wanted_threads());
+    auto lease = w4a8moe::ContextPool::instance().lease(wanted_threads());
     w4a8moe::forward(lease.context(), xv, ids, weights, w13, w2, params, ov);
     return out;
   });
@@ -305,19 +229,26 @@ Tensor moe_cpu(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weigh
 
 Tensor moe_ex_meta(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
                    const Tensor& w13_packed, const Tensor& w2_packed, int64_t hidden_size,
-                   int64_t intermediate_size, int64_t group_size, bool /*apply_on_input*/,
-                   int64_t activation_kind, double /*alpha*/, double limit) {
+                   int64_t intermediate_size, int64_t group_size, bool apply_router_weight_on_input,
+                   int64_t activation_kind, double alpha, double limit) {
   TORCH_CHECK(w13_packed.scalar_type() == at::kByte && w2_packed.scalar_type() == at::kByte,
               "w13_packed, w2_packed: expected uint8 tensors of packed weights, got ",
               w13_packed.scalar_type(), " and ", w2_packed.scalar_type());
   TORCH_CHECK(intermediate_size >= 1, "intermediate_size: expected a positive value, got ",
               intermediate_size);
-  TORCH_CHECK(group_size == -1 || (group_size > 0 && group_size % 32 == 0),
+  TORCH_CHECK(w4a8moe::is_valid_group_size(group_size),
               "group_size: expected -1 or a multiple of 32, got ", group_size);
-  TORCH_CHECK(limit > 0.0, "limit: expected a positive value, got ", limit);
   const auto shape =
       infer_output(x, topk_ids, topk_weights, Sizes{hidden_size, intermediate_size, group_size},
                    activation_kind);
+  translate_errors([&] {
+    w4a8moe::MoeParams params;
+    params.activation = w4a8moe::activation_from_code(activation_kind);
+    params.alpha = static_cast<float>(alpha);
+    params.limit = static_cast<float>(limit);
+    params.apply_router_weight_on_input = apply_router_weight_on_input;
+    w4a8moe::check_moe_params(params);
+  });
   return at::empty({shape[0], shape[1]}, x.options());
 }
 
@@ -372,7 +303,7 @@ LogicalShape check_weight_shapes(const Tensor& w13, const Tensor& w2) {
   const auto cols = [](const Tensor& t) {
     return t.size(2) * (t.scalar_type() == at::kByte ? 2 : 1);
   };
-  TORCH_CHECK(w13.size(1) % 2 == 0, "w13_weight: expected an even number of rows (2I), got shape ",
+  TORCH_CHECK(w4a8moe::is_valid_w13_rows(w13.size(1)), "w13_weight: expected an even number of rows (2I), got shape ",
               w13.sizes());
   const LogicalShape s{w13.size(0), cols(w13), w13.size(1) / 2};
   TORCH_CHECK(w2.size(0) == s.experts && w2.size(1) == s.hidden && cols(w2) == s.inter,
@@ -443,18 +374,12 @@ std::tuple<Tensor, Tensor> pack_ex_meta(const Tensor& w13_weight, const Tensor& 
   return translate_errors([&] {
     const LogicalShape s = check_weight_shapes(w13_weight, w2_weight);
     const auto options = pack_options(group_size, gate_up_layout, scale_storage, kernel_set);
-    const auto& set = options.kernel_set.empty()
-                          ? w4a8moe::detail::active_set()
-                          : w4a8moe::detail::set_by_name(options.kernel_set, "kernel_set");
     auto bytes = [&](w4a8moe::WeightRole role, int64_t rows, int64_t cols, const Tensor& scale,
                      const c10::optional<Tensor>& bias, const char* name) {
       const DType given = to_dtype(scale.scalar_type(), name);
-      const DType stored =
-          options.scale_storage == w4a8moe::ScaleStorage::bf16 ? DType::bf16 : given;
       const bool has_bias = bias.has_value() && bias->defined();
-      const auto g = w4a8moe::detail::make_geometry(set.layout, role, s.experts, rows, cols,
-                                                    options.group_size, stored, has_bias, name);
-      return static_cast<int64_t>(g.total_bytes);
+      return static_cast<int64_t>(
+          w4a8moe::packed_size(role, s.experts, rows, cols, given, has_bias, options, name));
     };
     const auto o = w13_weight.options().dtype(at::kByte);
     return std::make_tuple(at::empty({bytes(w4a8moe::WeightRole::w13, 2 * s.inter, s.hidden,

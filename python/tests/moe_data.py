@@ -83,9 +83,9 @@ def rms(t):
 
 # Tolerances: relative to the reference's RMS, plus one unit in the last place of the output
 # dtype (out and reference are both rounded to it). The loose bound, met by every element,
-# allows the rare one-step difference in a requantized value (SPEC section 8): one step of the
-# intermediate's quantization moves an output by r * step * |w| * s, up to about 1% of the RMS
-# for these shapes. The tight bound is float rounding, met by 90% of the rows. A wrong
+# allows the rare one-step difference in a requantized value (docs/operator.md, "Accuracy"):
+# one step of the intermediate's quantization moves an output by r * step * |w| * s, up to about
+# 1% of the RMS for these shapes. The tight bound is float rounding, met by 90% of the rows. A wrong
 # activation moves outputs by 40% of the RMS or more, a zero output by 100%.
 LOOSE = 2e-2
 TIGHT = 2e-5

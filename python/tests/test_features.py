@@ -213,8 +213,8 @@ def test_int8_activations_cost_little_against_the_float_reference():
     out = w4a8moe.moe(x, ids, wts, *weights.pack())
     float_ref = weights.reference(x, ids, wts, quantize_activations=False)
     rel = rms(out.double() - float_ref.double()) / rms(float_ref)
-    # int8 rows of Gaussian-like data: about 1% (SPEC section 8 hopes for a few 1e-3 on typical
-    # data); not zero: the activations are quantized.
+    # int8 rows of Gaussian-like data: about 1% (docs/operator.md, "Accuracy"; a few 1e-3 was
+    # hoped for on typical data); not zero: the activations are quantized.
     assert 1e-3 < rel < 3e-2, rel
 
 

@@ -1,9 +1,9 @@
-"""The operator's contract (README "What it computes"; SPEC sections 3-6) in plain torch, for
-checking results.
+"""The operator's contract (docs/operator.md) in plain torch, for checking results.
 
-Independent of the C++ library: it reads the logical (unpacked) weights, quantizes activations
-with the formulas of SPEC section 5 in float32, computes the dot products and activations in
-float64, and rounds to x's dtype at the end. Vectorised over tokens (one loop over experts).
+Independent of the C++ library: it reads the logical (unpacked) weights, quantizes activations with
+the formulas of docs/operator.md ("Activation quantization") in float32, computes the dot products
+and activations in float64, and rounds to x's dtype at the end. Vectorised over tokens (one loop
+over experts).
 """
 
 import math
@@ -40,7 +40,7 @@ def _round_half_away(v):
 
 
 def quant_row(a):
-    """Asymmetric int8 quantization of each row of `a` (SPEC section 5), in float32.
+    """Asymmetric int8 quantization of each row of `a` (docs/operator.md), in float32.
 
     Returns (q, zp, recip): q [P, K] int32 in [-128, 127], zp [P, 1] int32, recip [P, 1]
     float32, so that row p stands for (q[p] - zp[p]) * recip[p]. A row holding NaN or Inf gets
@@ -89,7 +89,7 @@ def dequantize_weights(w, scale, group_size):
 
 
 def activate(gate, up, activation, alpha=1.702, limit=7.0):
-    """The gated activation of SPEC section 4 on float64 gate and up."""
+    """The gated activation (docs/operator.md, "Activations") on float64 gate and up."""
     code = _activation_code(activation)
     if code == 0:  # swiglustep
         return torch.clamp(gate * torch.sigmoid(gate), max=limit) * up.clamp(-limit, limit)
@@ -117,9 +117,9 @@ def _group_dots(a, w, group_size):
 
 
 def _dq_dot(rows, w, scale, bias, group_size, quantize):
-    """rows [P, K] float32 -> float64 [P, N] = dq_dot(quant_row(rows), w) + bias (SPEC section
-    6): recip * SUM_b s[n, b] * SUM_{k in b} (q[k] - zp) * w[n, k], summed in float64. Without
-    quantization, the float dot product with the dequantized weights."""
+    """rows [P, K] float32 -> float64 [P, N] = dq_dot(quant_row(rows), w) + bias (docs/operator.md,
+    "Weights and the dot product"): recip * SUM_b s[n, b] * SUM_{k in b} (q[k] - zp) * w[n, k],
+    summed in float64. Without quantization, the float dot product with the dequantized weights."""
     if quantize:
         q, zp, recip = quant_row(rows)
         dots = _group_dots(q - zp, w, group_size)  # [G, P, N]
@@ -149,7 +149,8 @@ def reference_moe(
     gate_up_layout="halves",
     quantize_activations=True,
 ):
-    """The MoE layer of SPEC section 3 over the logical weights; returns [T, H] in x's dtype.
+    """The MoE layer (docs/operator.md, "The forward pass") over the logical weights; returns
+    [T, H] in x's dtype.
 
     w13 [E, 2I, H] and w2 [E, H, I]: int8 int4 values (or nibble-packed uint8 with half the
     last dimension); scales [E, N, K/g] (or [E, N] / [E, N, 1] when group_size is -1); biases

@@ -1,7 +1,11 @@
-// The capability check and shape inference (SPEC section 7): no data, no computation.
+// The capability check and shape inference (docs/operator.md, "Companions"): no data, no
+// computation; and the kernel set that reads a layout.
 #include <string>
+#include <string_view>
 
+#include "common/argument_checks.hpp"
 #include "common/format.hpp"
+#include "common/numeric.hpp"
 #include "pack/packed_format.hpp"
 #include "registry.hpp"
 #include "w4a8moe/w4a8moe.hpp"
@@ -12,7 +16,7 @@ Support is_supported_config(const MoeConfig& c) noexcept {
   try {
     using detail::cat;
     auto no = [](std::string reason) { return Support{false, std::move(reason)}; };
-    if (c.x_dtype != DType::f32 && c.x_dtype != DType::bf16 && c.x_dtype != DType::f16)
+    if (!detail::is_float_dtype(c.x_dtype))
       return no(cat("x dtype ", dtype_name(c.x_dtype),
                     " is not supported; use f32, bf16 or f16 activations"));
     if (c.hidden < 1 || c.inter < 1 || c.experts < 1 || c.top_k < 1)
@@ -23,14 +27,14 @@ Support is_supported_config(const MoeConfig& c) noexcept {
                     detail::kMaxCols, " are not supported"));
     if (c.experts > UINT32_MAX || 2 * c.inter > UINT32_MAX)
       return no(cat("experts (", c.experts, ") and 2 x intermediate must fit in 32 bits"));
-    if (c.activation < 0 || c.activation > 4)
+    if (!is_valid_activation_code(c.activation))
       return no(cat("activation code ", c.activation,
                     " is unknown; use 0 swiglustep, 1 swigluoai, 2 silu, 3 gelu or 4 gelu_tanh"));
     if (c.group_size != -1) {
-      if (c.group_size <= 0 || c.group_size % 32 != 0)
+      if (!is_valid_group_size(c.group_size))
         return no(cat("group size ", c.group_size,
                       " is not supported; use -1 (channelwise) or a multiple of 32"));
-      if (c.hidden % c.group_size != 0 || c.inter % c.group_size != 0)
+      if (!group_size_fits(c.group_size, c.hidden) || !group_size_fits(c.group_size, c.inter))
         return no(cat("group size ", c.group_size, " must divide both hidden (", c.hidden,
                       ") and intermediate (", c.inter,
                       ") sizes; use a divisor of both or -1 (channelwise)"));
@@ -44,6 +48,16 @@ Support is_supported_config(const MoeConfig& c) noexcept {
   }
 }
 
+std::string kernel_set_for_layout(std::string_view layout) {
+  for (const detail::KernelSet& k : detail::kernel_table())
+    if (layout == detail::layout_name(k.layout))
+      return detail::set_for_layout(k.layout, "layout").name;
+  throw Error(detail::cat("layout: expected the layout of a kernel set of this build, got '",
+                          layout, "'"));
+}
+
+void check_moe_params(const MoeParams& params) { detail::check_params(params); }
+
 OutputSpec infer_output(std::span<const int64_t> x_shape, DType x_dtype,
                         std::span<const int64_t> topk_ids_shape,
                         std::span<const int64_t> topk_weights_shape) {
@@ -53,7 +67,7 @@ OutputSpec infer_output(std::span<const int64_t> x_shape, DType x_dtype,
     for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
     return r + "]";
   };
-  if (x_dtype != DType::f32 && x_dtype != DType::bf16 && x_dtype != DType::f16)
+  if (!detail::is_float_dtype(x_dtype))
     throw Error(cat("x: expected dtype f32, bf16 or f16, got ", dtype_name(x_dtype)));
   if (x_shape.size() != 2 || x_shape[0] < 0 || x_shape[1] < 1)
     throw Error(cat("x: expected shape [T, H] with T >= 0 and H >= 1, got ", str(x_shape)));

@@ -80,13 +80,13 @@ struct Context::Impl {
   detail::ThreadPool pool;
   std::unique_ptr<uint8_t, detail::AlignedFree> arena;
   size_t arena_bytes = 0;
-  size_t memory_limit = Context::kDefaultMemoryLimit;  // issue 6
+  size_t memory_limit = Context::kDefaultMemoryLimit;
 
   uint8_t* reserve(size_t bytes) {
     if (bytes > arena_bytes) {
       arena.reset();
       auto* p = static_cast<uint8_t*>(detail::large_alloc(bytes, 64));
-      if (p == nullptr)  // issue 6: a message, not std::bad_alloc
+      if (p == nullptr)  // a message, not std::bad_alloc
         throw Error(detail::cat("context: cannot allocate ", detail::align64(bytes),
                                 " bytes of scratch memory"));
       arena.reset(p);
@@ -101,7 +101,7 @@ Context::Context(int threads) {
     throw Error(detail::cat("threads: expected 0 (all hardware threads) or a positive count, got ",
                             threads));
   if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  // ---- resource limits (issue 6): a bounded pool, and a message when the system refuses threads
+  // Resource limits: a bounded pool, and a message when the system refuses threads.
   constexpr int kMaxThreads = 4096;
   if (threads > kMaxThreads)
     throw Error(detail::cat("threads: expected at most ", kMaxThreads, ", got ", threads));
@@ -110,7 +110,6 @@ Context::Context(int threads) {
   } catch (const std::system_error& e) {
     throw Error(detail::cat("threads: cannot start ", threads, " threads (", e.what(), ")"));
   }
-  // ---- end resource limits
 }
 
 Context::~Context() = default;
@@ -487,7 +486,7 @@ void forward(Context& context, const TensorView& x, const TensorView& topk_ids,
   p.chunk_tokens =
       std::clamp<int64_t>(static_cast<int64_t>(kChunkScratch / per_token), 16, p.s.tokens);
   Layout layout = plan(p, p.chunk_tokens, threads);
-  // ---- resource limits (issue 6): fewer tokens per chunk when the scratch would exceed the
+  // Resource limits: fewer tokens per chunk when the scratch would exceed the
   // context's limit (the result is the same bits: tokens are independent); refuse when even one
   // token does not fit. plan() is monotonic in the chunk size.
   if (layout.total > impl.memory_limit) {
@@ -512,7 +511,6 @@ void forward(Context& context, const TensorView& x, const TensorView& topk_ids,
     impl.arena.reset();
     impl.arena_bytes = 0;
   }
-  // ---- end resource limits
   bind(layout, impl.reserve(layout.total));
 
   std::atomic<int64_t> counters[3];

@@ -17,7 +17,7 @@ QuantizedWeights quantize_weights(const TensorView& w, int group_size, QuantRule
                     detail::shape_string(w.rank, w.shape)));
   if (w.row_stride != 0 && w.row_stride != w.shape[2])
     throw Error(cat("w: expected a contiguous tensor, got row stride ", w.row_stride));
-  detail::require_addressable(w, "w");  // issue 6: E * N * K cannot overflow below
+  detail::require_addressable(w, "w");  // E * N * K cannot overflow below
   const int64_t E = w.shape[0], N = w.shape[1], K = w.shape[2];
   if (group_size != -1 && (group_size <= 0 || K % group_size != 0))
     throw Error(cat("group_size: expected -1 or a positive divisor of ", K, ", got ", group_size));

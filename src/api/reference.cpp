@@ -1,4 +1,4 @@
-// The public reference forward: SPEC sections 3-6 written plainly over the logical (unpacked)
+// The public reference forward: docs/operator.md written plainly over the logical (unpacked)
 // weights, with integer dot products and double accumulation. It shares no code with the packer
 // or the kernels (only the argument checks and the scalar f32/bf16/f16 conversions).
 #include <algorithm>
@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "api/validate.hpp"
+#include "common/activation.hpp"
 #include "common/format.hpp"
 #include "common/numeric.hpp"
 
@@ -29,7 +30,7 @@ float half_even(float v) {
   return std::fmod(f, 2.0f) == 0.0f ? f : f + 1.0f;
 }
 
-// SPEC section 5, in f32.
+// quant_row (docs/operator.md, "Activation quantization"), in f32.
 Quantized quant_row(const std::vector<float>& a) {
   Quantized r;
   float mn = 0.0f, mx = 0.0f;
@@ -91,25 +92,6 @@ struct Matrix {  // one role's logical weights
   }
 };
 
-double act(const MoeParams& p, double g, double u) {
-  const double L = static_cast<double>(p.limit);
-  auto sigmoid = [](double z) { return 1.0 / (1.0 + std::exp(-z)); };
-  switch (p.activation) {
-    case Activation::swiglustep:
-      return std::min(g * sigmoid(g), L) * std::clamp(u, -L, L);
-    case Activation::swigluoai: {
-      const double gc = std::min(g, L), uc = std::clamp(u, -L, L);
-      return (uc + 1.0) * gc * sigmoid(static_cast<double>(p.alpha) * gc);
-    }
-    case Activation::silu:
-      return g * sigmoid(g) * u;
-    case Activation::gelu:
-      return 0.5 * g * (1.0 + std::erf(g / std::sqrt(2.0))) * u;
-    case Activation::gelu_tanh:
-      return 0.5 * g * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g))) * u;
-  }
-  return 0.0;
-}
 
 }  // namespace
 
@@ -123,7 +105,7 @@ void reference_forward(const TensorView& x, const TensorView& topk_ids,
                                       "w13_scale", "w13_bias");
   w2.in = detail::check_weight_input(lw.w2, lw.w2_scale, lw.w2_bias, lw.group_size, "w2",
                                      "w2_scale", "w2_bias");
-  if (w13.in.rows % 2 != 0)
+  if (!is_valid_w13_rows(w13.in.rows))
     throw Error(cat("w13: expected an even number of rows (2I), got ", w13.in.rows));
   const int64_t E = w13.in.experts, H = w13.in.cols, I = w13.in.rows / 2;
   if (w2.in.experts != E || w2.in.rows != H || w2.in.cols != I)
@@ -149,7 +131,7 @@ void reference_forward(const TensorView& x, const TensorView& topk_ids,
         const int64_t gate_row = interleaved ? 2 * i : i;
         const int64_t up_row = interleaved ? 2 * i + 1 : I + i;
         m[static_cast<size_t>(i)] =
-            static_cast<float>(act(params, w13.dq_dot(qa, e, gate_row), w13.dq_dot(qa, e, up_row)));
+            static_cast<float>(detail::activation_f64(params, w13.dq_dot(qa, e, gate_row), w13.dq_dot(qa, e, up_row)));
       }
       const Quantized qm = quant_row(m);
       const double weight = params.apply_router_weight_on_input ? 1.0 : static_cast<double>(r);

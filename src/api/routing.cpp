@@ -1,4 +1,4 @@
-// Routing (issue 7): router logits in f32, then the gating rules of real MoE models.
+// Routing: router logits in f32, then the gating rules of real MoE models.
 #include "w4a8moe/routing.hpp"
 
 #include <algorithm>

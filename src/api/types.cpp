@@ -63,7 +63,7 @@ const char* activation_name(Activation kind) noexcept {
 }
 
 Activation parse_activation(std::string_view name) {
-  for (int code = 0; code <= 4; ++code)
+  for (int code = 0; code < kActivationCount; ++code)
     if (name == activation_name(static_cast<Activation>(code)))
       return static_cast<Activation>(code);
   throw Error(
@@ -73,7 +73,7 @@ Activation parse_activation(std::string_view name) {
 }
 
 Activation activation_from_code(int64_t code) {
-  if (code < 0 || code > 4)
+  if (!is_valid_activation_code(code))
     throw Error(
         detail::cat("activation: expected a code in [0, 4] (0 swiglustep, 1 swigluoai, "
                     "2 silu, 3 gelu, 4 gelu_tanh), got ",
@@ -122,7 +122,7 @@ PackedWeights PackedWeights::allocate(size_t bytes) {
   const size_t rounded = detail::large_alloc_size(bytes, detail::kAlign);
   if (rounded == 0) throw Error("PackedWeights: size overflow");
   auto* p = static_cast<uint8_t*>(detail::large_alloc(bytes, detail::kAlign));
-  if (p == nullptr)  // issue 6: a message naming the need, not std::bad_alloc
+  if (p == nullptr)  // a message naming the need, not std::bad_alloc
     throw Error(detail::cat("PackedWeights: cannot allocate ", rounded, " bytes"));
   std::fill(p, p + rounded, uint8_t{0});
   w.data_.reset(p);

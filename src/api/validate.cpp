@@ -1,3 +1,5 @@
+// The checks of forward() and reference_forward(): activations, ids, router weights and out
+// against each other and the weights' shapes.
 #include "api/validate.hpp"
 
 #include <cmath>
@@ -9,91 +11,7 @@
 
 namespace w4a8moe::detail {
 
-std::string shape_string(int rank, const std::array<int64_t, 3>& shape) {
-  std::string s = "[";
-  for (int i = 0; i < rank; ++i) {
-    if (i) s += ", ";
-    s += std::to_string(shape[static_cast<size_t>(i)]);
-  }
-  return s + "]";
-}
-
 namespace {
-
-std::string shape_of(const TensorView& t) { return shape_string(t.rank, t.shape); }
-
-void require_data(const void* data, std::string_view name) {
-  if (data == nullptr) throw Error(cat(name, ": expected a data pointer, got null"));
-}
-
-void require_float(DType d, std::string_view name) {
-  if (!is_float_dtype(d))
-    throw Error(cat(name, ": expected dtype f32, bf16 or f16, got ", dtype_name(d)));
-}
-
-void require_shape(const TensorView& t, std::initializer_list<int64_t> want,
-                   std::string_view name) {
-  std::array<int64_t, 3> w{};
-  int i = 0;
-  for (int64_t d : want) w[static_cast<size_t>(i++)] = d;
-  bool ok = t.rank == static_cast<int>(want.size());
-  for (int k = 0; ok && k < t.rank; ++k)
-    ok = t.shape[static_cast<size_t>(k)] == w[static_cast<size_t>(k)];
-  if (!ok) throw Error(cat(name, ": expected shape ", shape_string(i, w), ", got ", shape_of(t)));
-}
-
-void require_contiguous(const TensorView& t, std::string_view name) {
-  if (t.row_stride != 0 && t.row_stride != t.shape[static_cast<size_t>(t.rank - 1)])
-    throw Error(cat(name, ": expected a contiguous tensor (row stride ",
-                    t.shape[static_cast<size_t>(t.rank - 1)], "), got row stride ", t.row_stride));
-}
-
-}  // namespace
-
-// Issue 6: the bytes a tensor spans, (rows - 1) * stride + last dimension elements, must not
-// overflow and must fit in the address space from its data pointer: huge or hostile shapes are
-// rejected before anything is read or allocated. Negative dimensions are checked elsewhere.
-void require_addressable(const void* data, DType dtype, int rank,
-                         const std::array<int64_t, 3>& shape, int64_t stride,
-                         std::string_view name) {
-  if (rank < 1) return;
-  uint64_t rows = 1;
-  bool overflow = false;
-  for (int k = 0; k + 1 < rank; ++k) {
-    const int64_t d = shape[static_cast<size_t>(k)];
-    if (d < 0) return;
-    overflow = overflow || __builtin_mul_overflow(rows, static_cast<uint64_t>(d), &rows);
-  }
-  const int64_t last = shape[static_cast<size_t>(rank - 1)];
-  if (last < 0 || stride < 0) return;
-  uint64_t span = 0;
-  if (rows > 0 && last > 0) {
-    overflow = overflow || __builtin_mul_overflow(rows - 1, static_cast<uint64_t>(stride), &span);
-    overflow = overflow || __builtin_add_overflow(span, static_cast<uint64_t>(last), &span);
-  }
-  uint64_t bytes = 0;
-  overflow = overflow || __builtin_mul_overflow(span, uint64_t{dtype_bytes(dtype)}, &bytes);
-  uint64_t end = 0;
-  overflow =
-      overflow || bytes > static_cast<uint64_t>(PTRDIFF_MAX) ||
-      __builtin_add_overflow(static_cast<uint64_t>(reinterpret_cast<uintptr_t>(data)), bytes, &end);
-  if (overflow)
-    throw Error(cat(name, ": expected a tensor that fits in the address space, got shape ",
-                    shape_string(rank, shape), " with row stride ", stride, " of dtype ",
-                    dtype_name(dtype)));
-}
-
-void require_addressable(const TensorView& t, std::string_view name) {
-  require_addressable(t.data, t.dtype, t.rank, t.shape, t.stride(), name);
-}
-
-namespace {
-
-void require_positive_dims(const TensorView& t, std::string_view name) {
-  for (int k = 0; k < t.rank; ++k)
-    if (t.shape[static_cast<size_t>(k)] <= 0)
-      throw Error(cat(name, ": expected positive dimensions, got shape ", shape_of(t)));
-}
 
 // x, topk_ids, topk_weights and out, against each other; returns T and K.
 void check_activations(const TensorView& x, const TensorView& topk_ids,
@@ -111,7 +29,7 @@ void check_activations(const TensorView& x, const TensorView& topk_ids,
                     shape_of(x)));
   if (x.row_stride != 0 && x.row_stride < x.shape[1])
     throw Error(cat("x: expected a row stride >= ", x.shape[1], ", got ", x.row_stride));
-  require_addressable(x, "x");  // issue 6
+  require_addressable(x, "x");
   const int64_t tokens = x.shape[0];
 
   if (!empty) require_data(topk_ids.data, "topk_ids");
@@ -141,7 +59,7 @@ void check_activations(const TensorView& x, const TensorView& topk_ids,
                     shape_string(out.rank, out.shape)));
   if (out.row_stride != 0 && out.row_stride < hidden)
     throw Error(cat("out: expected a row stride >= ", hidden, ", got ", out.row_stride));
-  require_addressable(topk_ids, "topk_ids");  // issue 6
+  require_addressable(topk_ids, "topk_ids");
   require_addressable(topk_weights, "topk_weights");
   require_addressable(out.data, out.dtype, out.rank, out.shape, out.stride(), "out");
 
@@ -177,84 +95,8 @@ void check_activations(const TensorView& x, const TensorView& topk_ids,
 
 }  // namespace
 
-WeightInput check_weight_input(const TensorView& w, const TensorView& scale, const TensorView& bias,
-                               int group_size, std::string_view w_name, std::string_view scale_name,
-                               std::string_view bias_name) {
-  WeightInput in;
-  require_data(w.data, w_name);
-  if (w.dtype != DType::i8 && w.dtype != DType::u8)
-    throw Error(cat(w_name, ": expected dtype i8 (int4 values) or u8 (nibble-packed), got ",
-                    dtype_name(w.dtype)));
-  if (w.rank != 3) throw Error(cat(w_name, ": expected rank 3, got shape ", shape_of(w)));
-  require_positive_dims(w, w_name);
-  require_contiguous(w, w_name);
-  require_addressable(w, w_name);  // issue 6 (also bounds shape[2] * 2 below)
-  in.experts = w.shape[0];
-  in.rows = w.shape[1];
-  in.nibbles = w.dtype == DType::u8;
-  if (in.nibbles && w.shape[2] > INT64_MAX / 2)  // issue 6
-    throw Error(cat(w_name, ": expected at most ", INT64_MAX / 2,
-                    " nibble-packed bytes per row, got shape ", shape_of(w)));
-  in.cols = in.nibbles ? w.shape[2] * 2 : w.shape[2];
-  if (group_size != -1 && (group_size <= 0 || group_size % 32 != 0 || in.cols % group_size != 0))
-    throw Error(cat("group_size: expected -1 or a multiple of 32 that divides ", in.cols,
-                    " (the input dimension of ", w_name, "), got ", group_size));
-  in.groups = group_size == -1 ? 1 : in.cols / group_size;
 
-  require_data(scale.data, scale_name);
-  require_float(scale.dtype, scale_name);
-  if (group_size == -1) {
-    if (!(scale.rank == 2 && scale.shape[0] == in.experts && scale.shape[1] == in.rows) &&
-        !(scale.rank == 3 && scale.shape[0] == in.experts && scale.shape[1] == in.rows &&
-          scale.shape[2] == 1))
-      throw Error(cat(scale_name, ": expected shape [", in.experts, ", ", in.rows,
-                      "] for channelwise scales, got ", shape_of(scale)));
-  } else {
-    require_shape(scale, {in.experts, in.rows, in.groups}, scale_name);
-  }
-  require_contiguous(scale, scale_name);
-  require_addressable(scale, scale_name);  // issue 6
 
-  if (!bias.empty()) {
-    require_float(bias.dtype, bias_name);
-    require_shape(bias, {in.experts, in.rows}, bias_name);
-    require_contiguous(bias, bias_name);
-    require_addressable(bias, bias_name);  // issue 6
-  }
-  return in;
-}
-
-void check_params(const MoeParams& p) {
-  const auto code = static_cast<int>(p.activation);
-  if (code < 0 || code > 4) activation_from_code(code);  // throws the standard message
-  if (!std::isfinite(p.alpha)) throw Error(cat("alpha: expected a finite value, got ", p.alpha));
-  if (!(p.limit > 0.0f)) throw Error(cat("limit: expected a positive value, got ", p.limit));
-}
-
-ForwardShape check_packed_pair(const Geometry& w13, const Geometry& w2, std::string_view w13_name,
-                               std::string_view w2_name) {
-  if (w13.role != WeightRole::w13)
-    throw Error(cat(w13_name, ": expected weights packed as w13, got a buffer packed as w2"));
-  if (w2.role != WeightRole::w2)
-    throw Error(cat(w2_name, ": expected weights packed as w2, got a buffer packed as w13"));
-  if (w13.rows % 2 != 0)
-    throw Error(cat(w13_name, ": expected an even number of rows (2I), got ", w13.rows));
-  ForwardShape s;
-  s.experts = w13.experts;
-  s.hidden = w13.cols;
-  s.inter = w13.rows / 2;
-  if (w2.experts != s.experts || w2.rows != s.hidden || w2.cols != s.inter)
-    throw Error(cat(w2_name, ": expected ", s.experts, " experts of [", s.hidden, ", ", s.inter,
-                    "] to match ", w13_name, ", got ", w2.experts, " experts of [", w2.rows, ", ",
-                    w2.cols, "]"));
-  if (w13.group_size != w2.group_size)
-    throw Error(cat(w2_name, ": expected group size ", w13.group_size, " (the group size of ",
-                    w13_name, "), got ", w2.group_size));
-  if (w13.layout != w2.layout)
-    throw Error(cat(w2_name, ": expected layout ", layout_name(w13.layout), " (the layout of ",
-                    w13_name, "), got ", layout_name(w2.layout)));
-  return s;
-}
 
 ForwardShape check_forward(const TensorView& x, const TensorView& topk_ids,
                            const TensorView& topk_weights, const Geometry& w13, const Geometry& w2,

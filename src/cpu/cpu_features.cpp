@@ -14,7 +14,7 @@
 #elif defined(__aarch64__) && defined(__linux__)
 #include <asm/hwcap.h>
 #include <sys/auxv.h>
-// Bits of the Linux AArch64 ABI, for kernel headers older than the features (issue 4).
+// Bits of the Linux AArch64 ABI, for kernel headers older than the features.
 #ifndef HWCAP_ASIMDDP
 #define HWCAP_ASIMDDP (1 << 20)
 #endif

@@ -1,5 +1,5 @@
 // The checkpoint layer pipeline shared by both loaders: row conversion, chunk buffers, streamed
-// packing and the float reference (issue 7).
+// packing and the float reference.
 #include "io/checkpoint.hpp"
 
 #include <algorithm>
@@ -10,9 +10,11 @@
 #include <fstream>
 #include <thread>
 
+#include "common/activation.hpp"
 #include "common/format.hpp"
 #include "common/numeric.hpp"
 #include "io/convert.hpp"
+#include "thread_pool.hpp"
 #include "w4a8moe/expert_packer.hpp"
 
 namespace w4a8moe::io {
@@ -208,27 +210,6 @@ TensorView ExpertChunk::w2_bias(int64_t n) const {
 
 namespace {
 
-// Runs body(i) for i in [0, n) on up to `threads` threads; rethrows the first exception.
-template <class Body>
-void parallel_for(int64_t n, int threads, const Body& body) {
-  const int64_t workers = std::clamp<int64_t>(threads, 1, std::max<int64_t>(n, 1));
-  std::exception_ptr error;
-  std::mutex error_mutex;
-  auto work = [&](int64_t w) {
-    try {
-      for (int64_t i = w; i < n; i += workers) body(i);
-    } catch (...) {
-      std::lock_guard lock(error_mutex);
-      if (!error) error = std::current_exception();
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int64_t w = 1; w < workers; ++w) pool.emplace_back(work, w);
-  work(0);
-  for (std::thread& t : pool) t.join();
-  if (error) std::rethrow_exception(error);
-}
-
 int resolve_threads(int threads) {
   if (threads > 0) return threads;
   const unsigned hw = std::thread::hardware_concurrency();
@@ -249,7 +230,7 @@ PackedLayer pack_layer(const LayerSource& source, int threads,
   ExpertPacker p2(WeightRole::w2, info.experts, options);
   for (int64_t e0 = 0; e0 < info.experts; e0 += chunk) {
     const int64_t n = std::min(chunk, info.experts - e0);
-    parallel_for(n, threads, [&](int64_t i) {
+    detail::parallel_for(n, threads, [&](int64_t i) {
       source.load_expert(e0 + i, buffers.slot(i));
       source.release_expert(e0 + i);
     });
@@ -264,28 +245,6 @@ PackedLayer pack_layer(const LayerSource& source, int threads,
 // Float reference
 
 namespace {
-
-double activation(const MoeParams& p, double g, double u) {
-  const auto silu = [](double z) { return z / (1.0 + std::exp(-z)); };
-  const double L = static_cast<double>(p.limit);
-  switch (p.activation) {
-    case Activation::swiglustep:
-      return std::min(silu(g), L) * std::clamp(u, -L, L);
-    case Activation::swigluoai: {
-      const double gc = std::min(g, L), uc = std::clamp(u, -L, L);
-      return (uc + 1.0) * gc / (1.0 + std::exp(-static_cast<double>(p.alpha) * gc));
-    }
-    case Activation::silu:
-      return silu(g) * u;
-    case Activation::gelu:
-      return 0.5 * g * (1.0 + std::erf(g / std::sqrt(2.0))) * u;
-    case Activation::gelu_tanh: {
-      const double c = std::sqrt(2.0 / 3.14159265358979323846);
-      return 0.5 * g * (1.0 + std::tanh(c * (g + 0.044715 * g * g * g))) * u;
-    }
-  }
-  return 0.0;
-}
 
 // Row n of a nibble-packed [rows, cols] matrix with its scales, dequantized to double.
 void dequant_row(const uint8_t* w, const uint8_t* scales, DType scale_dtype, int group_size,
@@ -328,7 +287,7 @@ std::vector<double> float_reference(const LayerSource& source, const std::vector
                                            std::vector<double>(static_cast<size_t>(T * H), 0.0));
   std::vector<ExpertChunk> buffers;
   for (int64_t w = 0; w < workers; ++w) buffers.emplace_back(info, 1);
-  parallel_for(workers, static_cast<int>(workers), [&](int64_t w) {
+  detail::parallel_for(workers, static_cast<int>(workers), [&](int64_t w) {
     std::vector<double>& out = partial[static_cast<size_t>(w)];
     ExpertChunk& buf = buffers[static_cast<size_t>(w)];
     const ExpertSlot slot = buf.slot(0);
@@ -365,8 +324,8 @@ std::vector<double> float_reference(const LayerSource& source, const std::vector
       for (int64_t s = 0; s < n_tok; ++s)
         for (int64_t j = 0; j < I; ++j)
           m[static_cast<size_t>(s * I + j)] =
-              activation(info.params, h[static_cast<size_t>(s * 2 * I + j)],
-                         h[static_cast<size_t>(s * 2 * I + I + j)]);
+              detail::activation_f64(info.params, h[static_cast<size_t>(s * 2 * I + j)],
+                                     h[static_cast<size_t>(s * 2 * I + I + j)]);
       for (int64_t n = 0; n < H; ++n) {
         dequant_row(slot.w2, slot.w2_scale, info.w2_scale_dtype, info.group_size, I, n, row);
         const double b = info.expert_bias ? static_cast<double>(slot.w2_bias[n]) : 0.0;

@@ -1,4 +1,4 @@
-// One MoE layer of a real checkpoint (issue 7): a GGUF file or a compressed-tensors (Hugging Face)
+// One MoE layer of a real checkpoint: a GGUF file or a compressed-tensors (Hugging Face)
 // folder, read in place and handed to the packer one expert at a time.
 //
 //   auto source = open_layer("model.gguf", 12, {});      // checks the file, reads the metadata
@@ -157,8 +157,8 @@ struct PackedLayer {
 PackedLayer pack_layer(const LayerSource& source, int threads,
                        const std::function<void(double)>& progress = {});
 
-// The float reference of the layer (SPEC section 8, reference 2) over the int4 weights as loaded
-// (dequantized w * s), without activation quantization, in double: out [T, H]. x [T, H] f32;
+// The float reference of the layer (docs/testing.md, "The references") over the int4 weights as
+// loaded (dequantized w * s), without activation quantization, in double: out [T, H]. x [T, H] f32;
 // ids and weights [T, K]. Streams the experts that some token chose, `threads` at a time.
 std::vector<double> float_reference(const LayerSource& source, const std::vector<float>& x,
                                     const std::vector<int32_t>& ids,

@@ -1,4 +1,4 @@
-// One MoE layer of a Hugging Face checkpoint folder (issue 7): compressed-tensors int4
+// One MoE layer of a Hugging Face checkpoint folder: compressed-tensors int4
 // ("pack-quantized" or "int-quantized") or plain F16/BF16/F32 weights, in one safetensors file or
 // sharded with model.safetensors.index.json, plus config.json.
 //
@@ -485,7 +485,7 @@ CompressedTensorsLayer::CompressedTensorsLayer(const std::string& folder, int la
     check_modules();
   }
   const int g = info_.group_size;
-  if (g != -1 && (g <= 0 || g % 32 != 0 || H % g != 0 || I % g != 0))
+  if (!group_size_fits(g, H) || !group_size_fits(g, I))
     fail(cat("group size ", g, " must be -1 or a multiple of 32 dividing H = ", H, " and I = ", I));
   read_routing();
 }
@@ -563,7 +563,7 @@ void CompressedTensorsLayer::check_modules() {
   if (strategy_ == "group" && config_group_size_ > 0 && config_group_size_ != group)
     fail(cat("config.json quantization_config says group_size ", config_group_size_,
              " but tensor '", tensor_name(0, 0, "weight_scale"), "' has group size ", group));
-  if (group != -1 && (group % 32 != 0 || H % group != 0 || I % group != 0))
+  if (!group_size_fits(group, H) || !group_size_fits(group, I))
     fail(cat("group size ", group,
              " is not supported: w4a8moe needs a multiple of 32 dividing "
              "H = ",
@@ -658,7 +658,8 @@ void CompressedTensorsLayer::read_routing() {
 
   // Activation.
   if (mt == "gpt_oss") {
-    // GptOssExperts: clamped SwiGLU, SPEC's SWIGLUOAI (config.json's hidden_act does not say it)
+    // GptOssExperts: clamped SwiGLU, swigluoai of docs/operator.md (config.json's hidden_act
+    // does not say it)
     info_.params.activation = Activation::swigluoai;
     info_.params.alpha = static_cast<float>(number("swiglu_alpha", 1.702));
     info_.params.limit = static_cast<float>(number("swiglu_limit", 7.0));

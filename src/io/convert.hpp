@@ -1,4 +1,4 @@
-// Row converters shared by the checkpoint loaders (issue 7).
+// Row converters shared by the checkpoint loaders.
 #pragma once
 
 #include <cstdint>

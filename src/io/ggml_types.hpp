@@ -1,4 +1,4 @@
-// ggml tensor types as stored in GGUF files (issue 7): block sizes for validating sizes, and the
+// ggml tensor types as stored in GGUF files: block sizes for validating sizes, and the
 // dequantizers of the types the checkpoint loader converts.
 //
 // A quantized ggml row of ne[0] elements is ne[0] / block_elems blocks of block_bytes each.

@@ -1,5 +1,4 @@
-// GGUF files (llama.cpp's model format, versions 2 and 3): a memory-mapped, checked reader
-// (issue 7).
+// GGUF files (llama.cpp's model format, versions 2 and 3): a memory-mapped, checked reader.
 //
 // Layout (little-endian): "GGUF", u32 version, u64 tensor count, u64 metadata count; the metadata
 // (string key, u32 value type, value); the tensor infos (string name, u32 n_dims, u64 ne[n_dims],

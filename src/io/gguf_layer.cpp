@@ -1,4 +1,4 @@
-// One MoE layer of a GGUF file (issue 7).
+// One MoE layer of a GGUF file.
 //
 // Tensors of layer N ("blk.N."), in GGUF's dimension order (ne[0] innermost):
 //   ffn_gate_inp.weight [H, E]        router (f32 math), optional ffn_gate_inp.bias [E]
@@ -424,7 +424,7 @@ void GgufLayer::choose_types() {
     info_.notes.push_back(cat("group size 32 (Q4_0's blocks) instead of ", options_.group_size,
                               " for the converted tensors, so w13 and w2 share it"));
   const int g = info_.group_size;
-  if (g != -1 && (g <= 0 || g % 32 != 0 || H % g != 0 || I % g != 0))
+  if (!group_size_fits(g, H) || !group_size_fits(g, I))
     fail(cat("group size ", g, " must be -1 or a multiple of 32 dividing H = ", H, " and I = ", I));
   info_.w13_scale_dtype =
       kind_[0] == Kind::exact_q4_0 && kind_[1] == Kind::exact_q4_0 ? DType::f16 : DType::f32;

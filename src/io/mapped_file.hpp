@@ -1,4 +1,4 @@
-// A read-only memory map of a whole file (issue 7: checkpoints are read in place, not copied).
+// A read-only memory map of a whole file (checkpoints are read in place, not copied).
 //
 // Checkpoint loaders stream: they read one expert's bytes, convert and pack them, then call
 // release() on the range, which drops those pages from the process's resident memory (they stay

@@ -242,7 +242,7 @@ ParsedHeader parse_header(const std::string& path, uint64_t file_bytes,
   } catch (const json::parse_error& e) {
     fail(path,
          cat("the header is not valid JSON (error at byte ", e.byte, " of ", header_bytes, ")"));
-  } catch (const json::out_of_range&) {  // issue 6, found by fuzzing: a number such as 1E400
+  } catch (const json::out_of_range&) {  // found by fuzzing: a number such as 1E400
     fail(path, "the header is not valid JSON (a number out of range)");
   }
   if (!header.is_object())
@@ -376,7 +376,7 @@ TensorView SafetensorsFile::view(std::string_view name) const {
   return v;
 }
 
-// ---- memory-mapped reader (issue 7: checkpoints) ---------------------------------------------
+// ---- memory-mapped reader (checkpoints) ------------------------------------------------------
 
 MappedSafetensors MappedSafetensors::open(const std::string& path) {
   MappedSafetensors out;
@@ -430,7 +430,6 @@ void MappedSafetensors::release(std::string_view name) const {
   file_.release(t.offset, t.entry.size_bytes);
 }
 
-// ---- end memory-mapped reader ------------------------------------------------------------------
 
 // ---------------------------------------------------------------------------------------------
 // Writer

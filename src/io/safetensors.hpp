@@ -24,7 +24,7 @@
 #include <string_view>
 #include <vector>
 
-#include "io/mapped_file.hpp"  // issue 7
+#include "io/mapped_file.hpp"
 #include "w4a8moe/w4a8moe.hpp"
 
 namespace w4a8moe::io {
@@ -107,7 +107,7 @@ class SafetensorsWriter {
   Metadata metadata_;
 };
 
-// ---- memory-mapped reader (issue 7: checkpoints) ---------------------------------------------
+// ---- memory-mapped reader (checkpoints) ------------------------------------------------------
 // The same checks as SafetensorsFile::read, but the data stays in the file: bytes() points into a
 // read-only mapping (aligned only as the file's offsets are), and release() drops a tensor's pages
 // from the resident set once it was consumed, so a loader streams a large checkpoint.
@@ -136,7 +136,6 @@ class MappedSafetensors {
   std::map<std::string, Tensor, std::less<>> tensors_;
   Metadata metadata_;
 };
-// ---- end memory-mapped reader ------------------------------------------------------------------
 
 // ---------------------------------------------------------------------------------------------
 // Case files: the inputs of one forward call.

@@ -66,7 +66,7 @@ struct GemmArgs {
 // c = recip * (SUM_b s[n,b] * SUM_{k in b} q[k] * w[n,k] - zp * correction[n]) + bias[n]
 using QuantizeFn = void (*)(const QuantizeArgs&);
 using GemmFn = void (*)(const GemmArgs&);
-// m[i] = act(gate[i], up[i]) for i < n (SPEC section 4), f32.
+// m[i] = act(gate[i], up[i]) for i < n (docs/operator.md, "Activations"), f32.
 using ActivateFn = void (*)(const MoeParams& params, const float* gate, const float* up, float* m,
                             int64_t n);
 

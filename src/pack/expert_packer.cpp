@@ -1,4 +1,4 @@
-// Streamed packing (issue 7): each chunk is packed by the ordinary packer, then its expert blocks
+// Streamed packing: each chunk is packed by the ordinary packer, then its expert blocks
 // are copied into the buffer of the whole tensor, whose header is the chunk's with the expert
 // count and size of the whole.
 #include "w4a8moe/expert_packer.hpp"

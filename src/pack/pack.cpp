@@ -1,16 +1,15 @@
 // Logical int4 expert weights -> the packed buffer of the layout that the chosen kernel set reads.
 #include <algorithm>
 #include <cstring>
-#include <exception>
-#include <mutex>
 #include <thread>
 #include <vector>
 
-#include "api/validate.hpp"
+#include "common/argument_checks.hpp"
 #include "common/format.hpp"
 #include "common/numeric.hpp"
 #include "pack/packed_format.hpp"
 #include "registry.hpp"
+#include "thread_pool.hpp"
 
 namespace w4a8moe {
 
@@ -68,7 +67,7 @@ void write_weights(const Geometry& g, const LayoutInfo& info, int64_t pr, const 
                                                ((v[b * kBlock + i + 16] & 0x0f) << 4));
     return;
   }
-  if (g.layout == LayoutId::qu4_p8k16) {  // Arm i8mm (issue 4): row pairs, 16-column chunks
+  if (g.layout == LayoutId::qu4_p8k16) {  // Arm i8mm: row pairs, 16-column chunks
     const int64_t P = info.panel, q = pr / P, r = pr % P;
     uint8_t* dst = weights + q * P * g.row_weight_bytes + (r / 2) * 16 + (r % 2) * 8;
     for (int64_t c = 0; c < g.cols_padded / 16; ++c)
@@ -154,7 +153,7 @@ PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale
       options.gate_up_layout != GateUpLayout::interleaved)
     throw Error("gate_up_layout: expected halves or interleaved");
   job.interleaved = is_w13 && options.gate_up_layout == GateUpLayout::interleaved;
-  if (is_w13 && job.in.rows % 2 != 0)
+  if (is_w13 && !is_valid_w13_rows(job.in.rows))
     throw Error(cat("w13: expected an even number of rows (gate and up, 2I), got ", job.in.rows));
   if (options.scale_storage != ScaleStorage::as_given &&
       options.scale_storage != ScaleStorage::bf16)
@@ -166,7 +165,7 @@ PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale
   job.g = make_geometry(set.layout, role, job.in.experts, job.in.rows, job.in.cols,
                         options.group_size, scale_dtype, !bias.empty(), w_name);
 
-  if (job.g.total_bytes > options.memory_limit)  // issue 6: refuse before allocating
+  if (job.g.total_bytes > options.memory_limit)  // refuse before allocating
     throw Error(cat(w_name, ": the packed buffer needs ", job.g.total_bytes,
                     " bytes, more than the memory limit of ", options.memory_limit,
                     " bytes (PackOptions::memory_limit)"));
@@ -189,30 +188,25 @@ PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale
   std::memcpy(out.data(), &h, sizeof h);
 
   // Experts are independent: pack them on all hardware threads (a one-time cost).
-  const int64_t workers =
-      std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, job.g.experts);
-  std::mutex error_mutex;
-  std::exception_ptr error;
-  auto work = [&](int64_t wid) {
-    try {
-      for (int64_t e = wid; e < job.g.experts; e += workers)
-        pack_expert(job, e,
-                    out.data() + kHeaderBytes + static_cast<size_t>(e) * job.g.expert_bytes);
-    } catch (...) {
-      std::lock_guard lock(error_mutex);
-      if (!error) error = std::current_exception();
-    }
-  };
-  std::vector<std::thread> threads;
-  for (int64_t t = 1; t < workers; ++t) threads.emplace_back(work, t);
-  work(0);
-  for (auto& t : threads) t.join();
-  if (error) std::rethrow_exception(error);
+  parallel_for(job.g.experts, std::thread::hardware_concurrency(), [&](int64_t e) {
+    pack_expert(job, e, out.data() + kHeaderBytes + static_cast<size_t>(e) * job.g.expert_bytes);
+  });
   return out;
 }
 
 }  // namespace
 }  // namespace detail
+
+size_t packed_size(WeightRole role, int64_t experts, int64_t rows, int64_t cols, DType scale_dtype,
+                   bool has_bias, const PackOptions& options, std::string_view argument) {
+  const DType stored = options.scale_storage == ScaleStorage::bf16 ? DType::bf16 : scale_dtype;
+  const detail::KernelSet& set =
+      options.kernel_set.empty() ? detail::active_set()
+                                 : detail::set_by_name(options.kernel_set, "kernel_set");
+  return detail::make_geometry(set.layout, role, experts, rows, cols, options.group_size, stored,
+                               has_bias, argument)
+      .total_bytes;
+}
 
 PackedWeights pack_w13(const TensorView& w13, const TensorView& scale, const TensorView& bias,
                        const PackOptions& options) {

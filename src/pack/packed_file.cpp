@@ -1,4 +1,4 @@
-// Packed weight files (issue 6): save_packed() writes a layer's two packed buffers so that a crash
+// Packed weight files: save_packed() writes a layer's two packed buffers so that a crash
 // never leaves a partial file under the final name; PackedFile maps (or copies) such a file and
 // verifies every byte of it before handing out the buffers.
 //
@@ -23,7 +23,7 @@
 #include <string>
 #include <system_error>
 
-#include "api/validate.hpp"
+#include "common/argument_checks.hpp"
 #include "common/checked_math.hpp"
 #include "common/format.hpp"
 #include "common/xxhash64.hpp"

@@ -6,6 +6,7 @@
 
 #include "common/checked_math.hpp"
 #include "common/format.hpp"
+#include "common/numeric.hpp"
 
 namespace w4a8moe::detail {
 
@@ -15,7 +16,7 @@ constexpr LayoutInfo kLayouts[] = {
     {LayoutId::qs4_b32_rowmajor, "qs4_b32_rowmajor", 1, false},
     {LayoutId::qu4_p16k8, "qu4_p16k8", 16, true},
     {LayoutId::qu4_p8k8, "qu4_p8k8", 8, true},
-    {LayoutId::qu4_p8k16, "qu4_p8k16", 8, true},  // Arm i8mm (issue 4)
+    {LayoutId::qu4_p8k16, "qu4_p8k16", 8, true},  // Arm i8mm
 };
 
 }  // namespace
@@ -47,14 +48,14 @@ Geometry make_geometry(LayoutId layout, WeightRole role, int64_t experts, int64_
   if (cols > kMaxCols)
     throw Error(cat(argument, ": expected at most ", kMaxCols,
                     " input columns (int32 accumulators), got ", cols));
-  if (group_size != -1 && (group_size <= 0 || group_size % kBlock != 0 || cols % group_size != 0))
+  if (!group_size_fits(group_size, cols))
     throw Error(cat(
         argument, ": expected group size -1 or a multiple of 32 that divides the input dimension ",
         cols, ", got ", group_size));
-  if (scale_dtype != DType::f32 && scale_dtype != DType::bf16 && scale_dtype != DType::f16)
+  if (!is_float_dtype(scale_dtype))
     throw Error(
         cat(argument, ": expected scale dtype f32, bf16 or f16, got ", dtype_name(scale_dtype)));
-  if (role == WeightRole::w13 && rows % 2 != 0)
+  if (role == WeightRole::w13 && !is_valid_w13_rows(rows))
     throw Error(cat(argument, ": expected an even number of rows (gate and up, 2I), got ", rows));
   const LayoutInfo& info = layout_info(static_cast<uint32_t>(layout), argument);
   Geometry g;
@@ -134,6 +135,31 @@ Geometry read_geometry(std::span<const uint8_t> packed, std::string_view argumen
                     " experts of ", g.rows, " x ", g.cols, ", got ", packed.size(),
                     " bytes (truncated or padded buffer)"));
   return g;
+}
+
+ForwardShape check_packed_pair(const Geometry& w13, const Geometry& w2, std::string_view w13_name,
+                               std::string_view w2_name) {
+  if (w13.role != WeightRole::w13)
+    throw Error(cat(w13_name, ": expected weights packed as w13, got a buffer packed as w2"));
+  if (w2.role != WeightRole::w2)
+    throw Error(cat(w2_name, ": expected weights packed as w2, got a buffer packed as w13"));
+  if (!is_valid_w13_rows(w13.rows))
+    throw Error(cat(w13_name, ": expected an even number of rows (2I), got ", w13.rows));
+  ForwardShape s;
+  s.experts = w13.experts;
+  s.hidden = w13.cols;
+  s.inter = w13.rows / 2;
+  if (w2.experts != s.experts || w2.rows != s.hidden || w2.cols != s.inter)
+    throw Error(cat(w2_name, ": expected ", s.experts, " experts of [", s.hidden, ", ", s.inter,
+                    "] to match ", w13_name, ", got ", w2.experts, " experts of [", w2.rows, ", ",
+                    w2.cols, "]"));
+  if (w13.group_size != w2.group_size)
+    throw Error(cat(w2_name, ": expected group size ", w13.group_size, " (the group size of ",
+                    w13_name, "), got ", w2.group_size));
+  if (w13.layout != w2.layout)
+    throw Error(cat(w2_name, ": expected layout ", layout_name(w13.layout), " (the layout of ",
+                    w13_name, "), got ", layout_name(w2.layout)));
+  return s;
 }
 
 }  // namespace w4a8moe::detail

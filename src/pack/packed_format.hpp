@@ -24,6 +24,7 @@
 #include <span>
 #include <string_view>
 
+#include "common/argument_checks.hpp"
 #include "w4a8moe/w4a8moe.hpp"
 
 namespace w4a8moe::detail {
@@ -31,7 +32,7 @@ namespace w4a8moe::detail {
 inline constexpr char kPackedMagic[8] = {'W', '4', 'A', '8', 'M', 'O', 'E', '\0'};
 inline constexpr size_t kHeaderBytes = 128;
 inline constexpr size_t kAlign = 64;
-inline constexpr int64_t kBlock = 32;  // K granularity of every layout
+inline constexpr int64_t kBlock = kGroupBlock;  // K granularity of every layout
 // Largest input dimension: keeps every int32 sum exact in all kernels (|(w + 8) * q| <= 1920
 // per element, and 2^16 * 1920 < 2^31).
 inline constexpr int64_t kMaxCols = int64_t{1} << 16;
@@ -45,7 +46,7 @@ enum class LayoutId : uint32_t {
   // nibble). Lanes of a vector register are output rows; `vpdpbusd` takes 4 columns per lane.
   qu4_p16k8 = 2,  // P = 16: one zmm register per chunk (AVX-512 VNNI)
   qu4_p8k8 = 3,   // P = 8: one ymm register per chunk (AVX-VNNI, AVX2); Arm neon, neondot
-  // Arm (issue 4). Panels of 8 rows; per 16 input columns k0..k0+15 one chunk of 64 bytes, 16
+  // Arm i8mm. Panels of 8 rows; per 16 input columns k0..k0+15 one chunk of 64 bytes, 16
   // per row pair (2i, 2i+1): byte 8 * r + j (r = 0, 1) holds w[2i + r][k0 + j] + 8 (low nibble)
   // and w[2i + r][k0 + 8 + j] + 8 (high nibble): each nibble half is a 2x8 `smmla` operand.
   qu4_p8k16 = 16,  // P = 8 (neoni8mm)
@@ -121,5 +122,10 @@ uint64_t header_checksum(const PackedHeader& header) noexcept;
 
 // Validates magic, version, layout, checksum, dimensions and size; returns the geometry.
 Geometry read_geometry(std::span<const uint8_t> packed, std::string_view argument);
+
+// The two packed buffers of a layer belong together: roles, shapes, group size, layout. Returns
+// experts, hidden and inter.
+ForwardShape check_packed_pair(const Geometry& w13, const Geometry& w2, std::string_view w13_name,
+                               std::string_view w2_name);
 
 }  // namespace w4a8moe::detail

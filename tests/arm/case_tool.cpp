@@ -1,14 +1,14 @@
-// w4a8moe_case_tool: case files for comparing the program across machines (issue 4: the Arm
-// build under qemu against the x86 build).
+// w4a8moe_case_tool: case files for comparing the program across machines (the Arm build under
+// qemu against the x86 build).
 //
 //   w4a8moe_case_tool write DIR        writes DIR/<name>.safetensors for every case below
 //   w4a8moe_case_tool compare REF GOT  compares tensor `out` of two `w4a8moe run` outputs
 //
-// The comparison applies SPEC section 8 (1) to two implementations of the same contract: each
-// element within 1e-5 of the output's scale (plus one rounding step of a bf16/f16 output), except
-// in rare rows, where a requantized intermediate value may differ by one step between the two
-// (then the whole row moves by about recip * s * w, below 1e-2 of the scale). Outputs must be of
-// order one, so an all-zero or all-NaN result fails.
+// The comparison applies the accuracy rule of docs/operator.md ("Accuracy") to two implementations
+// of the same contract: each element within 1e-5 of the output's scale (plus one rounding step of a
+// bf16/f16 output), except in rare rows, where a requantized intermediate value may differ by one
+// step between the two (then the whole row moves by about recip * s * w, below 1e-2 of the scale).
+// Outputs must be of order one, so an all-zero or all-NaN result fails.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -1,4 +1,4 @@
-# The Arm cross build's test runs under qemu-aarch64 (issue 4); included by tests/CMakeLists.txt
+# The Arm cross build's test runs under qemu-aarch64; included by tests/CMakeLists.txt
 # when cross-compiling. qemu enforces CPU features (an instruction the emulated CPU lacks raises
 # SIGILL), so each kernel set runs on the smallest CPU that has its features, which also tests
 # the feature detection. QEMU_CPU picks the emulated CPU per test.

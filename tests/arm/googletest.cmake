@@ -1,4 +1,4 @@
-# GoogleTest for the target of a cross build (issue 4), compiled from Debian's sources (package
+# GoogleTest for the target of a cross build, compiled from Debian's sources (package
 # googletest) instead of multiarch binary packages. Included by tests/CMakeLists.txt.
 set(W4A8MOE_GTEST_SOURCE_DIR /usr/src/googletest CACHE PATH
     "GoogleTest sources compiled for the target of a cross build")

@@ -1,10 +1,10 @@
 #!/bin/sh
-# The Arm program under qemu against the x86 program on the same case files (issue 4).
+# The Arm program under qemu against the x86 program on the same case files.
 #   run_vs_x86.sh prepare HOST_BIN WORK            case files and the x86 outputs in WORK
 #   run_vs_x86.sh check HOST_BIN WORK ISA EMULATOR... ARM_PROGRAM
 # HOST_BIN holds the x86 build's w4a8moe and tests/w4a8moe_case_tool. `check` runs the Arm
 # program with the environment's W4A8MOE_ISA and QEMU_CPU, requires that kernel set ISA ran, and
-# compares each output with the x86 one (w4a8moe_case_tool compare: SPEC section 8).
+# compares each output with the x86 one (w4a8moe_case_tool compare; docs/testing.md).
 set -eu
 mode=$1 host=$2 work=$3
 shift 3

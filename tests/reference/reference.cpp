@@ -110,7 +110,7 @@ double activation(int code, double gate, double up, double alpha, double limit) 
   throw std::invalid_argument("moe_ref::activation: unknown code " + std::to_string(code));
 }
 
-// ---- quant_row (SPEC section 5), in f32 -------------------------------------------------------
+// ---- quant_row (docs/operator.md, "Activation quantization"), in f32 ------------------------
 
 QuantRow quant_row(std::span<const float> a) {
   QuantRow r;
@@ -195,7 +195,8 @@ int64_t int_dot(const int16_t* d, const int8_t* w, int64_t n) {
   return total;
 }
 
-// SPEC section 6: recip * SUM_b s[b] * SUM_{k in b} d[k] * w[k], sums in double.
+// docs/operator.md, "Weights and the dot product": recip * SUM_b s[b] * SUM_{k in b} d[k] * w[k],
+// sums in double.
 double dq_dot(const int16_t* d, float recip, const int8_t* w, const float* scale, int64_t cols,
               int64_t group_size) {
   if (group_size < 0) {

@@ -1,12 +1,12 @@
-// The independent reference of the w4a8moe operator (SPEC sections 3-6), for the tests.
+// The independent reference of the w4a8moe operator (docs/operator.md), for the tests.
 //
 // It shares no code with src/ and does not include the library header: its inputs are plain
 // vectors of floats (already converted from bf16/f16 by the caller) and int4 values held in
 // int8. Two references:
 //
-//   exact_forward: the contract itself. quant_row in f32 exactly as SPEC section 5, exact integer
-//     dot products, group and scale sums in double, the activation in double, the intermediate
-//     converted to f32 and requantized as section 5, the output accumulated in double.
+//   exact_forward: the contract itself. quant_row in f32 exactly as docs/operator.md says, exact
+//     integer dot products, group and scale sums in double, the activation in double, the
+//     intermediate converted to f32 and requantized likewise, the output accumulated in double.
 //   float_forward: dequantized weights (w * s), no activation quantization, double math (like the
 //     original project's ref_int4_moe). The distance to it is what the int8 activations cost.
 #pragma once
@@ -26,13 +26,13 @@ uint16_t f32_to_f16(float value);
 
 // ---- the operator's pieces --------------------------------------------------------------------
 
-// Integer codes of SPEC section 4.
+// Integer codes of docs/operator.md, "Activations".
 enum class Act : int { swiglustep = 0, swigluoai = 1, silu = 2, gelu = 3, gelu_tanh = 4 };
 
 // act(gate, up) in double; throws std::invalid_argument for an unknown code.
 double activation(int code, double gate, double up, double alpha, double limit);
 
-// SPEC section 5 on one f32 row.
+// quant_row (docs/operator.md, "Activation quantization") on one f32 row.
 struct QuantRow {
   std::vector<int32_t> q;  // in [-128, 127]
   float scale = 1.0f;      // 255 / (max - min)

@@ -108,7 +108,7 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int bench_command(const BenchOptions& o) {
-  // issue 6: --packed W.w4a8 times the file's experts, at its shapes, with the top-k and the
+  // --packed W.w4a8 times the file's experts, at its shapes, with the top-k and the
   // activation it recorded (top-k 8 or E, silu when it recorded none); there are no unpacked
   // weights to check against.
   PackedFile file;
@@ -259,10 +259,10 @@ int bench_command(const BenchOptions& o) {
   }
   const double bandwidth = median(bandwidths);
   const double peak_macs = median(peaks);
-  // The all-thread MAC probe over the one-thread probe: about the thread count on a machine
-  // that gives this process its cores. PERF.md: below 0.75 per thread (1.5x for two), the host
-  // is taking cores away right now, and ratios against the MAC peak overstate (the forward
-  // and the probe do not lose the same share of a core).
+  // The all-thread MAC probe over the one-thread probe: about the thread count on a machine that
+  // gives this process its cores. docs/performance.md, "The machine, and the degraded rule": below
+  // 0.75 per thread (1.5x for two), the host is taking cores away right now, and ratios against the
+  // MAC peak overstate (the forward and the probe do not lose the same share of a core).
   const double peak_1 = peaks_1.empty() ? peak_macs : median(peaks_1);
   const double scaling = peak_1 > 0 ? peak_macs / peak_1 : 0.0;
   const bool degraded = ctx.threads() > 1 && peak_macs > 0 && scaling < 0.75 * ctx.threads();

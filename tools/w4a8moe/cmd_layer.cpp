@@ -1,4 +1,4 @@
-// w4a8moe layer (issue 7): one MoE layer of a real checkpoint (a GGUF file or a compressed-tensors
+// w4a8moe layer: one MoE layer of a real checkpoint (a GGUF file or a compressed-tensors
 // folder): load and pack it (streaming), route hidden states with the model's own router, run
 // forward(), write `out`, and optionally compare with the float reference.
 #include <sys/resource.h>

@@ -1,5 +1,5 @@
 // w4a8moe pack --input CASE.safetensors --output W.w4a8: packs a case's experts once, into a file
-// that `run --packed` and `bench --packed` map instead of repacking (issue 6).
+// that `run --packed` and `bench --packed` map instead of repacking.
 //
 // The file records the layout (of the kernel set packed for), the shapes, the group size and a
 // checksum, and the case's activation settings and top-k for the tools. It is written to an

@@ -9,8 +9,6 @@
 #include <vector>
 
 #include "io/safetensors.hpp"
-#include "pack/packed_format.hpp"
-#include "registry.hpp"
 #include "w4a8moe/commands.hpp"
 #include "w4a8moe/w4a8moe.hpp"
 
@@ -18,7 +16,7 @@ namespace w4a8moe::cli {
 
 namespace {
 
-// ---- issue 6: --packed W.w4a8 ----
+// ---- --packed W.w4a8 ----
 // The file's experts must be the case's: same E, H, I, group size and biases.
 void check_packed_matches_case(const PackedFile& file, const io::LoadedCase& c) {
   const PackedFileInfo& f = file.info();
@@ -41,14 +39,6 @@ void check_packed_matches_case(const PackedFile& file, const io::LoadedCase& c) 
   }
 }
 
-// The kernel set forward() runs on a buffer of this layout (the best usable one within the cap).
-std::string kernel_set_for(const std::string& layout) {
-  for (const detail::KernelSet& k : detail::kernel_table())
-    if (layout == detail::layout_name(k.layout)) return detail::set_for_layout(k.layout, "").name;
-  return active_kernel_set();
-}
-// ---- end issue 6 ----
-
 }  // namespace
 
 int run_command(const RunOptions& options) {
@@ -56,7 +46,7 @@ int run_command(const RunOptions& options) {
     const io::LoadedCase c = io::load_case(options.input);
     const PackOptions pack_options = c.pack_options();
     const LogicalWeights& w = c.weights;
-    // issue 6: the experts come from a packed file (mapped, verified), or are packed here.
+    // The experts come from a packed file (mapped, verified), or are packed here.
     PackedFile file;
     PackedWeights w13_packed, w2_packed;
     std::span<const uint8_t> w13, w2;
@@ -86,7 +76,7 @@ int run_command(const RunOptions& options) {
     forward(context, c.x, c.topk_ids, c.topk_weights, w13, w2, c.params, out);
 
     const std::string kernel_set =
-        options.packed.empty() ? active_kernel_set() : kernel_set_for(file.info().w13.layout);
+        options.packed.empty() ? active_kernel_set() : kernel_set_for_layout(file.info().w13.layout);
     io::SafetensorsWriter writer;
     writer.add("out", c.x.dtype, {tokens, hidden}, out_storage.data(), out_bytes);
     writer.set_metadata("kernel_set", kernel_set);

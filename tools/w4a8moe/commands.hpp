@@ -18,19 +18,19 @@ struct BenchOptions {
   bool json = false;
   bool check = true;
   unsigned seed = 1;
-  std::string packed;          // issue 6: W.w4a8 to take the experts from (the file's shapes)
-  bool skip_checksum = false;  // issue 6: open it without hashing the payload
+  std::string packed;          // W.w4a8 to take the experts from (the file's shapes)
+  bool skip_checksum = false;  // open it without hashing the payload
 };
 
 struct RunOptions {
   std::string input;   // CASE.safetensors
   std::string output;  // OUT.safetensors
   int threads = 0;
-  std::string packed;          // issue 6: W.w4a8 to take the experts from instead of packing
-  bool skip_checksum = false;  // issue 6: open it without hashing the payload
+  std::string packed;          // W.w4a8 to take the experts from instead of packing
+  bool skip_checksum = false;  // open it without hashing the payload
 };
 
-// ---- w4a8moe pack (issue 6): a case's experts packed into a W.w4a8 file ----
+// ---- w4a8moe pack: a case's experts packed into a W.w4a8 file ----
 struct PackCommandOptions {
   std::string input;       // CASE.safetensors
   std::string output;      // W.w4a8
@@ -38,7 +38,6 @@ struct PackCommandOptions {
   std::string scales = "as_given";
 };
 int pack_command(const PackCommandOptions& options);
-// ---- end w4a8moe pack ----
 
 struct CheckOptions {
   bool has_config = false;
@@ -47,7 +46,7 @@ struct CheckOptions {
   std::string activation = "silu";
 };
 
-// ---- w4a8moe layer (issue 7): one MoE layer of a GGUF file or compressed-tensors folder ----
+// ---- w4a8moe layer: one MoE layer of a GGUF file or compressed-tensors folder ----
 struct LayerOptions {
   std::string model;  // PATH: a .gguf file or a checkpoint folder
   int layer = 0;
@@ -63,7 +62,6 @@ struct LayerOptions {
   bool shared_experts = false;  // add the layer's shared expert (if it has one) to `out`
 };
 int layer_command(const LayerOptions& options);
-// ---- end w4a8moe layer ----
 
 int bench_command(const BenchOptions& options);
 int run_command(const RunOptions& options);

@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
   r->add_option("--output", run.output, "OUT.safetensors to write tensor `out` to")->required();
   r->add_option("--threads", run.threads, "threads (0: all hardware threads)")
       ->capture_default_str();
-  // ---- issue 6: packed weight files ----
+  // ---- packed weight files: run --packed, bench --packed, pack ----
   r->add_option("--packed", run.packed,
                 "W.w4a8 (from `w4a8moe pack`): its experts, not the case's");
   r->add_flag("--skip-checksum", run.skip_checksum, "do not hash the packed file's payload");
@@ -58,9 +58,8 @@ int main(int argc, char** argv) {
   pk->add_option("--kernel-set", pack.kernel_set,
                  "pack for this kernel set (default: the best one this machine runs)");
   pk->add_option("--scales", pack.scales, "stored scales: as_given or bf16")->capture_default_str();
-  // ---- end issue 6 ----
 
-  // ---- w4a8moe layer (issue 7) ----
+  // ---- w4a8moe layer ----
   LayerOptions layer;
   CLI::App* l = app.add_subcommand(
       "layer",
@@ -83,7 +82,6 @@ int main(int argc, char** argv) {
   l->add_flag("--compare", layer.compare, "also run the float reference and print the error");
   l->add_flag("--shared-experts", layer.shared_experts,
               "include the layer's shared expert in out (DeepSeek, Qwen2-MoE, Llama-4)");
-  // ---- end w4a8moe layer ----
 
   CheckOptions check;
   CLI::App* c =
@@ -112,7 +110,7 @@ int main(int argc, char** argv) {
   try {
     if (b->parsed()) return bench_command(bench);
     if (r->parsed()) return run_command(run);
-    if (pk->parsed()) return pack_command(pack);  // issue 6
+    if (pk->parsed()) return pack_command(pack);
     if (l->parsed()) return layer_command(layer);
     if (!check_preset.empty()) {
       const Preset& p = find_preset(check_preset);

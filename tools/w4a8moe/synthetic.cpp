@@ -8,6 +8,8 @@
 #include <random>
 #include <thread>
 
+#include "thread_pool.hpp"
+
 namespace w4a8moe::cli {
 
 namespace {
@@ -105,8 +107,7 @@ LogicalWeights SyntheticLayer::view() const {
 SyntheticLayer make_layer(const Preset& preset, int group_size, DType scale_dtype, uint64_t seed,
                           void (*progress)(double, void*), void* progress_ctx) {
   const int64_t E = preset.experts, H = preset.hidden, I = preset.inter;
-  if (group_size != -1 &&
-      (group_size <= 0 || group_size % 32 != 0 || H % group_size != 0 || I % group_size != 0))
+  if (!group_size_fits(group_size, H) || !group_size_fits(group_size, I))
     throw Error("--group: expected -1 or a multiple of 32 dividing " + std::to_string(H) + " and " +
                 std::to_string(I) + " for preset " + preset.name + ", got " +
                 std::to_string(group_size));
@@ -158,10 +159,8 @@ SyntheticLayer make_layer(const Preset& preset, int group_size, DType scale_dtyp
         progress(static_cast<double>(d) / static_cast<double>(E), progress_ctx);
     }
   };
-  std::vector<std::thread> threads;
-  for (int t = 1; t < workers; ++t) threads.emplace_back(work, t);
-  work(0);
-  for (auto& t : threads) t.join();
+  detail::ThreadPool pool(workers);
+  pool.run(work);
   if (progress) progress(1.0, progress_ctx);
   return L;
 }

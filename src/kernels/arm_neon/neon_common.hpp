@@ -1,4 +1,5 @@
-// Helpers of the Arm GEMM kernels: scale loading and the float epilogue of SPEC section 6.
+// Helpers of the Arm GEMM kernels: scale loading and the float epilogue (docs/operator.md,
+// "Weights and the dot product").
 // Internal linkage (anonymous namespace): each Arm translation unit gets its own copy compiled
 // with its own flags. The including file includes <arm_neon.h> first.
 //

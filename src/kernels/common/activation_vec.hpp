@@ -1,6 +1,6 @@
-// Vectorisable f32 activations (SPEC section 4) for the ISA kernel sets: exp, erf and tanh by
-// range reduction and polynomials (about 2 ulp for exp, 1.5e-7 absolute for erf), written as
-// plain loops that the compiler vectorises with the including file's ISA flags.
+// Vectorisable f32 activations (docs/operator.md, "Activations") for the ISA kernel sets: exp, erf
+// and tanh by range reduction and polynomials (about 2 ulp for exp, 1.5e-7 absolute for erf),
+// written as plain loops that the compiler vectorises with the including file's ISA flags.
 //
 // Everything here has internal linkage (anonymous namespace): each ISA translation unit gets its
 // own copy compiled with its own flags, so no copy built for a wider ISA can be picked by the

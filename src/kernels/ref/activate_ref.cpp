@@ -1,5 +1,5 @@
-// Portable activation: the libm functions of SPEC section 4 in f32.
-#include "api/activation.hpp"
+// Portable activation: the libm functions of docs/operator.md, "Activations", in f32.
+#include "common/activation.hpp"
 #include "kernels/ref/ref_kernels.hpp"
 
 namespace w4a8moe::detail::ref {

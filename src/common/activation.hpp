@@ -1,6 +1,9 @@
-// The gated activations of SPEC section 4, in f32, as the forward pass computes them.
+// The gated activations (docs/operator.md, "Activations"): in f32 as the portable kernel set
+// computes them (the vector sets have their own forms in kernels/common/activation_vec.hpp),
+// and in double for the references over the logical weights.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 
 #include "w4a8moe/w4a8moe.hpp"
@@ -46,6 +49,30 @@ inline void apply_activation(const MoeParams& p, const float* gate, const float*
       }
       break;
   }
+}
+
+// act(g, u) in double: the form of the references over the logical weights (reference_forward()
+// and the checkpoint loaders' float reference). The tests' own reference is separate on purpose.
+inline double activation_f64(const MoeParams& p, double g, double u) noexcept {
+  const double L = static_cast<double>(p.limit);
+  auto sigmoid_f64 = [](double z) { return 1.0 / (1.0 + std::exp(-z)); };
+  switch (p.activation) {
+    case Activation::swiglustep:
+      return std::min(g * sigmoid_f64(g), L) * std::clamp(u, -L, L);
+    case Activation::swigluoai: {
+      const double gc = std::min(g, L), uc = std::clamp(u, -L, L);
+      return (uc + 1.0) * gc * sigmoid_f64(static_cast<double>(p.alpha) * gc);
+    }
+    case Activation::silu:
+      return g * sigmoid_f64(g) * u;
+    case Activation::gelu:
+      return 0.5 * g * (1.0 + std::erf(g / std::sqrt(2.0))) * u;
+    case Activation::gelu_tanh: {
+      const double c = std::sqrt(2.0 / 3.14159265358979323846);
+      return 0.5 * g * (1.0 + std::tanh(c * (g + 0.044715 * g * g * g))) * u;
+    }
+  }
+  return 0.0;
 }
 
 }  // namespace w4a8moe::detail

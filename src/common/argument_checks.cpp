@@ -1,0 +1,147 @@
+// Argument checks shared by the packer, the packed-file loader and the API entry points.
+#include "common/argument_checks.hpp"
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/format.hpp"
+#include "common/numeric.hpp"
+
+namespace w4a8moe::detail {
+
+std::string shape_string(int rank, const std::array<int64_t, 3>& shape) {
+  std::string s = "[";
+  for (int i = 0; i < rank; ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[static_cast<size_t>(i)]);
+  }
+  return s + "]";
+}
+
+std::string shape_of(const TensorView& t) { return shape_string(t.rank, t.shape); }
+
+void require_data(const void* data, std::string_view name) {
+  if (data == nullptr) throw Error(cat(name, ": expected a data pointer, got null"));
+}
+
+void require_float(DType d, std::string_view name) {
+  if (!is_float_dtype(d))
+    throw Error(cat(name, ": expected dtype f32, bf16 or f16, got ", dtype_name(d)));
+}
+
+void require_shape(const TensorView& t, std::initializer_list<int64_t> want,
+                   std::string_view name) {
+  std::array<int64_t, 3> w{};
+  int i = 0;
+  for (int64_t d : want) w[static_cast<size_t>(i++)] = d;
+  bool ok = t.rank == static_cast<int>(want.size());
+  for (int k = 0; ok && k < t.rank; ++k)
+    ok = t.shape[static_cast<size_t>(k)] == w[static_cast<size_t>(k)];
+  if (!ok) throw Error(cat(name, ": expected shape ", shape_string(i, w), ", got ", shape_of(t)));
+}
+
+void require_contiguous(const TensorView& t, std::string_view name) {
+  if (t.row_stride != 0 && t.row_stride != t.shape[static_cast<size_t>(t.rank - 1)])
+    throw Error(cat(name, ": expected a contiguous tensor (row stride ",
+                    t.shape[static_cast<size_t>(t.rank - 1)], "), got row stride ", t.row_stride));
+}
+
+
+// The bytes a tensor spans, (rows - 1) * stride + last dimension elements, must not
+// overflow and must fit in the address space from its data pointer: huge or hostile shapes are
+// rejected before anything is read or allocated. Negative dimensions are checked elsewhere.
+void require_addressable(const void* data, DType dtype, int rank,
+                         const std::array<int64_t, 3>& shape, int64_t stride,
+                         std::string_view name) {
+  if (rank < 1) return;
+  uint64_t rows = 1;
+  bool overflow = false;
+  for (int k = 0; k + 1 < rank; ++k) {
+    const int64_t d = shape[static_cast<size_t>(k)];
+    if (d < 0) return;
+    overflow = overflow || __builtin_mul_overflow(rows, static_cast<uint64_t>(d), &rows);
+  }
+  const int64_t last = shape[static_cast<size_t>(rank - 1)];
+  if (last < 0 || stride < 0) return;
+  uint64_t span = 0;
+  if (rows > 0 && last > 0) {
+    overflow = overflow || __builtin_mul_overflow(rows - 1, static_cast<uint64_t>(stride), &span);
+    overflow = overflow || __builtin_add_overflow(span, static_cast<uint64_t>(last), &span);
+  }
+  uint64_t bytes = 0;
+  overflow = overflow || __builtin_mul_overflow(span, uint64_t{dtype_bytes(dtype)}, &bytes);
+  uint64_t end = 0;
+  overflow =
+      overflow || bytes > static_cast<uint64_t>(PTRDIFF_MAX) ||
+      __builtin_add_overflow(static_cast<uint64_t>(reinterpret_cast<uintptr_t>(data)), bytes, &end);
+  if (overflow)
+    throw Error(cat(name, ": expected a tensor that fits in the address space, got shape ",
+                    shape_string(rank, shape), " with row stride ", stride, " of dtype ",
+                    dtype_name(dtype)));
+}
+
+void require_addressable(const TensorView& t, std::string_view name) {
+  require_addressable(t.data, t.dtype, t.rank, t.shape, t.stride(), name);
+}
+
+void require_positive_dims(const TensorView& t, std::string_view name) {
+  for (int k = 0; k < t.rank; ++k)
+    if (t.shape[static_cast<size_t>(k)] <= 0)
+      throw Error(cat(name, ": expected positive dimensions, got shape ", shape_of(t)));
+}
+
+WeightInput check_weight_input(const TensorView& w, const TensorView& scale, const TensorView& bias,
+                               int group_size, std::string_view w_name, std::string_view scale_name,
+                               std::string_view bias_name) {
+  WeightInput in;
+  require_data(w.data, w_name);
+  if (w.dtype != DType::i8 && w.dtype != DType::u8)
+    throw Error(cat(w_name, ": expected dtype i8 (int4 values) or u8 (nibble-packed), got ",
+                    dtype_name(w.dtype)));
+  if (w.rank != 3) throw Error(cat(w_name, ": expected rank 3, got shape ", shape_of(w)));
+  require_positive_dims(w, w_name);
+  require_contiguous(w, w_name);
+  require_addressable(w, w_name);  // also bounds shape[2] * 2 below
+  in.experts = w.shape[0];
+  in.rows = w.shape[1];
+  in.nibbles = w.dtype == DType::u8;
+  if (in.nibbles && w.shape[2] > INT64_MAX / 2)
+    throw Error(cat(w_name, ": expected at most ", INT64_MAX / 2,
+                    " nibble-packed bytes per row, got shape ", shape_of(w)));
+  in.cols = in.nibbles ? w.shape[2] * 2 : w.shape[2];
+  if (!group_size_fits(group_size, in.cols))
+    throw Error(cat("group_size: expected -1 or a multiple of 32 that divides ", in.cols,
+                    " (the input dimension of ", w_name, "), got ", group_size));
+  in.groups = group_size == -1 ? 1 : in.cols / group_size;
+
+  require_data(scale.data, scale_name);
+  require_float(scale.dtype, scale_name);
+  if (group_size == -1) {
+    if (!(scale.rank == 2 && scale.shape[0] == in.experts && scale.shape[1] == in.rows) &&
+        !(scale.rank == 3 && scale.shape[0] == in.experts && scale.shape[1] == in.rows &&
+          scale.shape[2] == 1))
+      throw Error(cat(scale_name, ": expected shape [", in.experts, ", ", in.rows,
+                      "] for channelwise scales, got ", shape_of(scale)));
+  } else {
+    require_shape(scale, {in.experts, in.rows, in.groups}, scale_name);
+  }
+  require_contiguous(scale, scale_name);
+  require_addressable(scale, scale_name);
+
+  if (!bias.empty()) {
+    require_float(bias.dtype, bias_name);
+    require_shape(bias, {in.experts, in.rows}, bias_name);
+    require_contiguous(bias, bias_name);
+    require_addressable(bias, bias_name);
+  }
+  return in;
+}
+
+void check_params(const MoeParams& p) {
+  const auto code = static_cast<int>(p.activation);
+  if (!is_valid_activation_code(code)) activation_from_code(code);  // throws the standard message
+  if (!std::isfinite(p.alpha)) throw Error(cat("alpha: expected a finite value, got ", p.alpha));
+  if (!(p.limit > 0.0f)) throw Error(cat("limit: expected a positive value, got ", p.limit));
+}
+
+}  // namespace w4a8moe::detail

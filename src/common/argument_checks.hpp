@@ -1,0 +1,53 @@
+// Argument checks shared by every component that takes tensors from a caller: the packer, the
+// packed-file loader and the API entry points. Each names the argument, what was expected and
+// what came, in one sentence (Error). Below api/ and pack/, so that neither includes the other.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+
+#include "w4a8moe/w4a8moe.hpp"
+
+namespace w4a8moe::detail {
+
+std::string shape_string(int rank, const std::array<int64_t, 3>& shape);
+std::string shape_of(const TensorView& t);
+
+void require_data(const void* data, std::string_view name);
+void require_float(DType d, std::string_view name);
+void require_shape(const TensorView& t, std::initializer_list<int64_t> want, std::string_view name);
+void require_contiguous(const TensorView& t, std::string_view name);
+void require_positive_dims(const TensorView& t, std::string_view name);
+
+// Throws Error naming `name` unless the bytes the tensor spans ((rows - 1) * stride +
+// last dimension, times the element size) can be counted without overflow and fit in the address
+// space from its data pointer. Negative dimensions pass here (other checks name them).
+void require_addressable(const void* data, DType dtype, int rank,
+                         const std::array<int64_t, 3>& shape, int64_t stride,
+                         std::string_view name);
+void require_addressable(const TensorView& t, std::string_view name);
+
+// Logical shape of one weight tensor as given to the packer or the reference.
+struct WeightInput {
+  int64_t experts = 0, rows = 0, cols = 0;
+  bool nibbles = false;  // uint8 [E, N, K/2]
+  int64_t groups = 0;    // scale columns (1 when channelwise)
+};
+
+// w [E, N, K] i8 or [E, N, K/2] u8, scale [E, N, K/g] or [E, N], bias empty or [E, N].
+WeightInput check_weight_input(const TensorView& w, const TensorView& scale, const TensorView& bias,
+                               int group_size, std::string_view w_name, std::string_view scale_name,
+                               std::string_view bias_name);
+
+// The activation and its parameters (also recorded in packed weight files).
+void check_params(const MoeParams& params);
+
+// The sizes of one forward call.
+struct ForwardShape {
+  int64_t tokens = 0, hidden = 0, inter = 0, experts = 0, top_k = 0;
+};
+
+}  // namespace w4a8moe::detail
