@@ -12,6 +12,14 @@ for arg in "$@"; do
   fi
 done
 # ---- end PyTorch binding
+# ---- PyTorch 2: --torch2 adds what makes the venv of python/requirements-torch2.txt (Debian's
+# venv module, and Python's headers for torch.compile's C++ code); the venv itself is made after
+# the Debian packages, below.
+torch2=0
+for arg in "$@"; do
+  if [ "$arg" = "--torch2" ]; then torch2=1; packages+=(python3-venv python3-dev); fi
+done
+# ---- end PyTorch 2
 # ---- Arm (issue 4): --arm adds the AArch64 cross compiler, qemu-user and GoogleTest's sources
 for arg in "$@"; do
   if [ "$arg" = "--arm" ]; then packages+=(g++-aarch64-linux-gnu qemu-user googletest); fi
@@ -33,3 +41,20 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+
+# ---- PyTorch 2: the venv lives outside the clone (W4A8MOE_CACHE, default /var/cache/w4a8moe, or
+# ~/.cache/w4a8moe where that is not writable), so later runs on this machine reuse it; it is
+# (re)filled only when python/requirements-torch2.txt changed since it was made. Prints nothing
+# on stdout; scripts/torch2-env.sh prints its path.
+if [ "$torch2" = 1 ]; then
+  venv="$(scripts/torch2-env.sh)"
+  want="$(sha256sum python/requirements-torch2.txt | cut -d' ' -f1)"
+  if [ "$(cat "$venv/.w4a8moe-requirements" 2>/dev/null)" != "$want" ]; then
+    echo "filling the PyTorch 2 venv $venv (python/requirements-torch2.txt changed or new)" >&2
+    [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir \
+      -r python/requirements-torch2.txt >&2
+    echo "$want" >"$venv/.w4a8moe-requirements"
+  fi
+fi
+# ---- end PyTorch 2
