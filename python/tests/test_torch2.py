@@ -49,11 +49,23 @@ def test_opcheck_forward_ops(case):
     _, g, act, _, on_input = case
     w13_packed, w2_packed = weights.pack()
     args = (x, ids, wts, w13_packed, w2_packed, H, I, g, on_input, act)
-    # No input requires grad: the ops have no derivative (their Autograd kernel is a
-    # fallthrough), so opcheck's autograd check has nothing to check and is skipped.
     torch.library.opcheck(torch.ops.w4a8moe.dynamic_4bit_int_moe.default, args)
     torch.library.opcheck(torch.ops.w4a8moe.dynamic_4bit_int_moe_ex.default,
                           args + (1.5, 6.0))
+
+
+def test_opcheck_autograd_registration():
+    """opcheck checks the autograd registration only when an input requires grad: x and the
+    router weights do here (the ops are not differentiable: an Autograd fallthrough)."""
+    weights, x, ids, wts = sample(CASES[1])
+    w13_packed, w2_packed = weights.pack()
+    x.requires_grad_(True)
+    wts.requires_grad_(True)
+    result = torch.library.opcheck(
+        torch.ops.w4a8moe.dynamic_4bit_int_moe.default,
+        (x, ids, wts, w13_packed, w2_packed, H, I, 128, False, 2),
+        test_utils=("test_schema", "test_autograd_registration"))
+    assert result["test_autograd_registration"] == "SUCCESS", result
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
