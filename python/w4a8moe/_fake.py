@@ -11,7 +11,6 @@ kernels of csrc/torch_ops.cpp instead, which check the same things with the same
 import torch
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
-_DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
 def _shape(t) -> str:
