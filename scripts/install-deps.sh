@@ -44,16 +44,17 @@ fi
 
 # ---- PyTorch 2: the venv lives outside the clone (W4A8MOE_CACHE, default /var/cache/w4a8moe, or
 # ~/.cache/w4a8moe where that is not writable), so later runs on this machine reuse it; it is
-# (re)filled only when python/requirements-torch2.txt changed since it was made. Prints nothing
+# (re)filled only when python/requirements-torch2.txt or its constraints (every dependency's
+# version, python/constraints-torch2.txt) changed since it was made. Prints nothing
 # on stdout; scripts/torch2-env.sh prints its path.
 if [ "$torch2" = 1 ]; then
   venv="$(scripts/torch2-env.sh)"
-  want="$(sha256sum python/requirements-torch2.txt | cut -d' ' -f1)"
+  want="$(cat python/requirements-torch2.txt python/constraints-torch2.txt | sha256sum | cut -d' ' -f1)"
   if [ "$(cat "$venv/.w4a8moe-requirements" 2>/dev/null)" != "$want" ]; then
-    echo "filling the PyTorch 2 venv $venv (python/requirements-torch2.txt changed or new)" >&2
+    echo "filling the PyTorch 2 venv $venv (python/*-torch2.txt changed or new)" >&2
     [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv"
     "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir \
-      -r python/requirements-torch2.txt >&2
+      -r python/requirements-torch2.txt -c python/constraints-torch2.txt >&2
     echo "$want" >"$venv/.w4a8moe-requirements"
   fi
 fi
