@@ -13,7 +13,10 @@ for arg in "$@"; do
     --torch) packages+=(python3-torch libtorch-dev python3-pytest libopenblas0-pthread) ;;
     --arm) packages+=(g++-aarch64-linux-gnu qemu-user googletest) ;;
     --reliability) packages+=(clang libclang-rt-14-dev) ;;
-    *) echo "install-deps.sh: unknown option $arg (expected --torch, --arm, --reliability)" >&2
+    # what makes the venv of python/requirements-torch2.txt (Debian's venv module, and Python's
+    # headers for torch.compile's C++ code); the venv itself is made by scripts/torch2-env.sh
+    --torch2) packages+=(python3-venv python3-dev) ;;
+    *) echo "install-deps.sh: unknown option $arg (expected --torch, --torch2, --arm, --reliability)" >&2
        exit 2 ;;
   esac
 done
@@ -28,3 +31,21 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+
+# ---- PyTorch 2: the venv lives outside the clone (W4A8MOE_CACHE, default /var/cache/w4a8moe, or
+# ~/.cache/w4a8moe where that is not writable), so later runs on this machine reuse it; it is
+# (re)filled only when python/requirements-torch2.txt or its constraints (every dependency's
+# version, python/constraints-torch2.txt) changed since it was made. Prints nothing
+# on stdout; scripts/torch2-env.sh prints its path.
+if [ "$torch2" = 1 ]; then
+  venv="$(scripts/torch2-env.sh)"
+  want="$(cat python/requirements-torch2.txt python/constraints-torch2.txt | sha256sum | cut -d' ' -f1)"
+  if [ "$(cat "$venv/.w4a8moe-requirements" 2>/dev/null)" != "$want" ]; then
+    echo "filling the PyTorch 2 venv $venv (python/*-torch2.txt changed or new)" >&2
+    [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir \
+      -r python/requirements-torch2.txt -c python/constraints-torch2.txt >&2
+    echo "$want" >"$venv/.w4a8moe-requirements"
+  fi
+fi
+# ---- end PyTorch 2

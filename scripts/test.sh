@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every test: install what is missing, build everything with warnings as errors, run CTest,
-# then the PyTorch binding's pytest suite (torch stage), the Arm stage and the reliability stages.
+# then the PyTorch binding's pytest suite with Debian's torch (torch stage) and with the pinned
+# PyTorch 2 from PyPI (PyTorch 2 stage), the Arm stage and the reliability stages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh --torch
@@ -14,6 +15,24 @@ ctest --test-dir build-test --output-on-failure -j"$jobs" -LE torch  # torch: th
 echo "== torch stage: pytest python/tests with /usr/bin/python3 =="
 PYTHONPATH="$PWD/build-test/python" W4A8MOE_CLI="$PWD/build-test/w4a8moe" \
   /usr/bin/python3 -m pytest -q -p no:cacheprovider python/tests
+
+# ---- PyTorch 2 stage: `pip install .` into the pinned PyTorch 2 venv (made once and kept in a
+# cache folder outside the clone by install-deps.sh --torch2; python/requirements-torch2.txt), then
+# the same suite run from outside the clone, so that the installed package is what is imported;
+# on torch 2 it adds opcheck, torch.compile and torch.export, and with the venv's gguf,
+# transformers and compressed-tensors the checkpoints those libraries write.
+torch2_stage() {
+  local start=$SECONDS repo=$PWD venv
+  scripts/install-deps.sh --torch2
+  venv="$(scripts/torch2-env.sh)"
+  echo "== PyTorch 2 stage: pip install . into $venv, pytest python/tests from /tmp =="
+  CMAKE_BUILD_PARALLEL_LEVEL="$jobs" "$venv/bin/python" -m pip install -q --disable-pip-version-check \
+    --no-build-isolation --no-deps --force-reinstall -Ccmake.define.W4A8MOE_WERROR=ON .
+  (cd /tmp && W4A8MOE_CLI="$repo/build-test/w4a8moe" \
+     "$venv/bin/python" -m pytest -q -p no:cacheprovider "$repo/python/tests")
+  echo "== PyTorch 2 stage: $((SECONDS - start)) s =="
+}
+torch2_stage
 
 # ---- Arm stage: cross build for AArch64, its CTest suites under qemu-aarch64 -------
 # One run per Arm kernel set on an emulated CPU with just its features, and the Arm program

@@ -160,6 +160,23 @@ TEST(CompressedTensors, EveryFormatAndStrategyReadsBackExactly) {
     }
 }
 
+TEST(CompressedTensors, GroupAsLongAsTheRowIsOneScalePerRow) {
+  // I = 32 = group_size: compressed-tensors writes the down projection's group scales as
+  // [H, 1], which is one group of the whole row, not channel-wise scales of another group size.
+  TempDir dir;
+  CtSpec spec;
+  spec.layers = 1;
+  spec.I = 32;
+  CtModel c = make_ct(spec);
+  c.writer.write(dir / "ckpt");
+  const auto source = io::open_layer(dir / "ckpt", 0, {});
+  EXPECT_EQ(source->info().group_size, 32);
+  const Loaded w = load_all(*source);
+  EXPECT_EQ(w.w2, c.layers[0].w2);
+  EXPECT_EQ(bits16(w.w2_scale_bytes), bf16_of(c.layers[0].w2_s));
+  check_layer(dir / "ckpt", 0, RouteSpec{"softmax", true});
+}
+
 // ---------------------------------------------------------------------------------------------
 // Experts fused in gate_up_proj / down_proj (gpt-oss, Llama-4)
 

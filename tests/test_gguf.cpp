@@ -126,6 +126,20 @@ TEST(Gguf, DequantizersMatchTheFormatDefinitions) {
   }
 }
 
+TEST(Gguf, Q5_0KeepsTheSignOfAZeroAsGgml) {
+  // {half d = -1; qh: bit 0 set; qs[0] = 0}: element 0 is q = 16, (16 - 16) * -1 = -0.0 in ggml
+  // (and in the gguf package); element 1 is q = 0, (0 - 16) * -1 = 16.
+  std::vector<uint8_t> block(22, 0);
+  block[0] = 0x00;
+  block[1] = 0xbc;  // f16 -1.0
+  block[2] = 0x01;  // qh bit 0: the 5th bit of element 0
+  std::vector<float> y(32);
+  io::ggml_dequantize_row(io::GgmlType::q5_0, block.data(), 32, y.data());
+  EXPECT_EQ(y[0], 0.0f);
+  EXPECT_TRUE(std::signbit(y[0])) << "+0.0 where ggml gives -0.0";
+  EXPECT_EQ(y[1], 16.0f);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Q4_0: exact
 

@@ -18,6 +18,7 @@
 #include <ATen/ops/from_blob.h>
 #include <c10/util/Optional.h>
 #include <torch/library.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <atomic>
@@ -227,6 +228,7 @@ Tensor moe_cpu(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weigh
                     static_cast<double>(defaults.alpha), static_cast<double>(defaults.limit));
 }
 
+#if TORCH_VERSION_MAJOR < 2  // torch 2: w4a8moe/_fake.py
 Tensor moe_ex_meta(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
                    const Tensor& w13_packed, const Tensor& w2_packed, int64_t hidden_size,
                    int64_t intermediate_size, int64_t group_size, bool apply_router_weight_on_input,
@@ -261,6 +263,8 @@ Tensor moe_meta(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weig
                      intermediate_size, group_size, apply_router_weight_on_input, activation_kind,
                      static_cast<double>(defaults.alpha), static_cast<double>(defaults.limit));
 }
+
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // The packing op
@@ -525,17 +529,33 @@ TORCH_LIBRARY_IMPL(w4a8moe, CPU, m) {
   m.impl("packed_info", &w4a8moe_torch::packed_info_cpu);
 }
 
+// The forward ops' shape functions: here for torch 1.x; torch 2 gets them from Python
+// (w4a8moe/_fake.py, torch.library.register_fake, which also serves meta tensors), where the
+// token count can stay symbolic under torch.compile: these C++ ones read concrete sizes, which
+// would specialise a compiled graph to one batch size.
+#if TORCH_VERSION_MAJOR < 2
 TORCH_LIBRARY_IMPL(w4a8moe, Meta, m) {
   m.impl("dynamic_4bit_int_moe", &w4a8moe_torch::moe_meta);
   m.impl("dynamic_4bit_int_moe_ex", &w4a8moe_torch::moe_ex_meta);
+}
+#endif
+
+TORCH_LIBRARY_IMPL(w4a8moe, Meta, m) {
   m.impl("convert_to_w4a8_int8_moe_format", &w4a8moe_torch::pack_meta);
   m.impl("convert_to_w4a8_int8_moe_format_ex", &w4a8moe_torch::pack_ex_meta);
   m.impl("packed_info", &w4a8moe_torch::packed_info_meta);
 }
 
 // The ops have no derivative. Torch 1.13 has no fallthrough for AutogradMeta (it has one for
-// AutogradCPU), so meta and fake tensors would stop there without these.
+// AutogradCPU), so meta and fake tensors would stop there without these. Torch 2 warns (and will
+// fail) when an op without an autograd kernel sees inputs that require grad, e.g. router weights
+// of a module being traced: a fallthrough on the Autograd alias key is how an op says it is not
+// differentiable (its outputs then do not require grad).
+#if TORCH_VERSION_MAJOR < 2
 TORCH_LIBRARY_IMPL(w4a8moe, AutogradMeta, m) {
+#else
+TORCH_LIBRARY_IMPL(w4a8moe, Autograd, m) {
+#endif
   for (const char* name :
        {"dynamic_4bit_int_moe", "dynamic_4bit_int_moe_ex", "convert_to_w4a8_int8_moe_format",
         "convert_to_w4a8_int8_moe_format_ex", "packed_info"})

@@ -1,4 +1,5 @@
-"""pytest setup: the package must come from a build tree (PYTHONPATH=<build>/python)."""
+"""pytest setup: the package comes from a build tree (PYTHONPATH=<build>/python) or from
+`pip install .`."""
 
 import os
 import sys
@@ -12,8 +13,9 @@ try:
     import w4a8moe
 except ImportError as e:  # a clear message instead of one error per test file
     raise pytest.UsageError(
-        f"cannot import torch and w4a8moe ({e}); build with -DW4A8MOE_BUILD_TORCH=ON and run "
-        "with PYTHONPATH=<build>/python and the interpreter torch was installed for"
+        f"cannot import torch and w4a8moe ({e}); `pip install .` into the environment, or build "
+        "with -DW4A8MOE_BUILD_TORCH=ON and run with PYTHONPATH=<build>/python and the "
+        "interpreter torch was installed for"
     ) from e
 
 # The plain-torch reference is many small element-wise ops: one thread runs them fastest and

@@ -47,6 +47,10 @@ torch.ops.load_library(_LIBRARY)
 #: The registered ops (torch.ops.w4a8moe).
 ops = torch.ops.w4a8moe
 
+from . import _fake  # noqa: E402  (after the ops exist)
+
+_fake.register()
+
 
 class Activation(enum.IntEnum):
     """Activation kinds with the integer codes of the original operator."""

@@ -551,6 +551,9 @@ void CompressedTensorsLayer::check_modules() {
                (se.shape.size() <= 1 && (se.shape.empty() || se.shape[0] == 1))))
       fail(cat("tensor '", s, "' has a shape that fits neither group nor channel scales of a [",
                rows, ", ", cols, "] weight"));
+    // One scale per row is also one group of the whole row: compressed-tensors writes [rows, 1]
+    // for strategy "group" when group_size equals the row length (e.g. g = I for w2).
+    if (g == -1 && strategy_ == "group" && config_group_size_ == cols) g = static_cast<int>(cols);
     if (i > 0 && g != group)
       fail(cat("tensor '", s, "' implies group size ", g, " but '",
                tensor_name(0, 0, "weight_scale"), "' implies ", group,

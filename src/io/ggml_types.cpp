@@ -99,7 +99,9 @@ void dequant_block(GgmlType type, const uint8_t* b, float* y) {
     case GgmlType::q5_0:
     case GgmlType::q5_1: {
       const bool one = type == GgmlType::q5_1;
-      const float d = half(b), m = one ? half(b + 2) : 0.0f;
+      // Q5_0 has no m: adding -0.0 changes no value and keeps the sign of a zero (q = 16 with a
+      // negative d is -0.0 in ggml, as in the gguf package; + 0.0 would make it +0.0).
+      const float d = half(b), m = one ? half(b + 2) : -0.0f;
       uint32_t qh;
       std::memcpy(&qh, b + (one ? 4 : 2), 4);
       const uint8_t* qs = b + (one ? 8 : 6);

@@ -1,0 +1,89 @@
+"""Shape functions ("fake" implementations) of the forward ops for torch 2.
+
+torch.compile, torch.export and FakeTensorMode run these instead of the CPU kernel: the output's
+shape and dtype from the inputs' shapes and dtypes, no data read and nothing computed. Written in
+Python because the token count of a compiled graph is a symbolic integer, which C++ kernels
+taking concrete sizes cannot keep symbolic (they would specialise the graph to one batch size).
+torch.library.register_fake also makes them the ops' Meta kernels. Torch 1.x uses the C++ Meta
+kernels of csrc/torch_ops.cpp instead, which check the same things with the same sentences.
+"""
+
+import torch
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _shape(t) -> str:
+    return "[" + ", ".join(str(d) for d in t.shape) + "]"
+
+
+def _fail(message: str):
+    raise RuntimeError(message)
+
+
+def _check(condition, message):
+    """condition may be symbolic (a token count under torch.compile): torch._check keeps it as
+    a run-time assertion instead of specialising the graph on it."""
+    if isinstance(condition, bool):
+        if not condition:
+            _fail(message())
+    else:
+        torch._check(condition, message)
+
+
+def moe_ex_fake(x, topk_ids, topk_weights, w13_packed, w2_packed, hidden_size,
+                intermediate_size, group_size, apply_router_weight_on_input, activation_kind,
+                alpha=1.702, limit=7.0):
+    if w13_packed.dtype != torch.uint8 or w2_packed.dtype != torch.uint8:
+        _fail("w13_packed, w2_packed: expected uint8 tensors of packed weights, got "
+              f"{w13_packed.dtype} and {w2_packed.dtype}")
+    if intermediate_size < 1:
+        _fail(f"intermediate_size: expected a positive value, got {intermediate_size}")
+    if not (group_size == -1 or (group_size > 0 and group_size % 32 == 0)):
+        _fail(f"group_size: expected -1 or a multiple of 32, got {group_size}")
+    if not limit > 0.0:
+        _fail(f"limit: expected a positive value, got {limit}")
+    if not 0 <= activation_kind <= 4:
+        _fail("activation: expected a code in [0, 4] (0 swiglustep, 1 swigluoai, 2 silu, "
+              f"3 gelu, 4 gelu_tanh), got {activation_kind}")
+    if x.dim() != 2:
+        _fail(f"x: expected rank 2 [T, H], got shape {_shape(x)}")
+    if x.shape[1] != hidden_size:
+        _fail(f"x: expected {hidden_size} columns (hidden_size), got shape {_shape(x)}")
+    if topk_weights.dtype not in _FLOATS:
+        _fail(f"topk_weights: expected dtype float32, bfloat16 or float16, got "
+              f"{topk_weights.dtype}")
+    if topk_ids.dtype not in (torch.int32, torch.int64):
+        _fail(f"topk_ids: expected dtype int32 or int64, got {topk_ids.dtype}")
+    if x.dtype not in _FLOATS:
+        _fail(f"x: expected dtype f32, bf16 or f16, got {x.dtype}")
+    tokens = x.shape[0]
+    if topk_ids.dim() != 2 or topk_ids.shape[1] < 1:
+        _fail(f"topk_ids: expected shape [{tokens}, K], got {_shape(topk_ids)}")
+    _check(topk_ids.shape[0] == tokens,
+           lambda: f"topk_ids: expected shape [{tokens}, K], got {_shape(topk_ids)}")
+    if topk_weights.dim() != 2 or topk_weights.shape[1] != topk_ids.shape[1]:
+        _fail(f"topk_weights: expected shape {_shape(topk_ids)}, got {_shape(topk_weights)}")
+    _check(topk_weights.shape[0] == topk_ids.shape[0],
+           lambda: f"topk_weights: expected shape {_shape(topk_ids)}, got {_shape(topk_weights)}")
+    return x.new_empty((tokens, hidden_size))
+
+
+def moe_fake(x, topk_ids, topk_weights, w13_packed, w2_packed, hidden_size, intermediate_size,
+             group_size, apply_router_weight_on_input, activation_kind):
+    return moe_ex_fake(x, topk_ids, topk_weights, w13_packed, w2_packed, hidden_size,
+                       intermediate_size, group_size, apply_router_weight_on_input,
+                       activation_kind)
+
+
+def register() -> bool:
+    """Registers the shape functions where the torch version takes them from Python (2.x);
+    returns whether it did."""
+    if int(torch.__version__.split(".")[0]) < 2:
+        return False  # the C++ Meta kernels serve torch 1.x
+    register_fake = getattr(torch.library, "register_fake", None)  # 2.4 and later
+    if register_fake is None:
+        register_fake = torch.library.impl_abstract  # 2.2, 2.3
+    register_fake("w4a8moe::dynamic_4bit_int_moe")(moe_fake)
+    register_fake("w4a8moe::dynamic_4bit_int_moe_ex")(moe_ex_fake)
+    return True
