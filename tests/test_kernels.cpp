@@ -55,10 +55,11 @@ QRowBuffer quantize(const KernelSet& set, const std::vector<float>& a, int64_t c
   return b;
 }
 
-// One GEMM call of `set`: rows a[0..m) against padded output rows [n0, n1) of the packed
-// expert, into out[i * stride + (n - n0)].
-void gemm(const KernelSet& set, const PackedWeights& packed, const detail::Geometry& g,
-          const QuantRow* a, int64_t m, int64_t n0, int64_t n1, float* out, int64_t stride) {
+// The arguments of one GEMM call: rows a[0..m) against padded output rows [n0, n1) of the
+// packed expert, into out[i * stride + (n - n0)].
+detail::GemmArgs gemm_args(const PackedWeights& packed, const detail::Geometry& g,
+                           const QuantRow* a, int64_t m, int64_t n0, int64_t n1, float* out,
+                           int64_t stride) {
   detail::GemmArgs args;
   args.m = m;
   args.a = a;
@@ -68,7 +69,13 @@ void gemm(const KernelSet& set, const PackedWeights& packed, const detail::Geome
   args.n_end = n1;
   args.c = out;
   args.c_stride = stride;
-  set.gemm(args);
+  return args;
+}
+
+// One GEMM call of `set` (the set's GEMM for m rows).
+void gemm(const KernelSet& set, const PackedWeights& packed, const detail::Geometry& g,
+          const QuantRow* a, int64_t m, int64_t n0, int64_t n1, float* out, int64_t stride) {
+  set.gemm(gemm_args(packed, g, a, m, n0, n1, out, stride));
 }
 
 std::vector<float> random_row(std::mt19937& rng, int64_t n, int kind) {
@@ -430,16 +437,7 @@ void check_tile_gemm(detail::GemmFn tiles, const char* backend) {
       gemm(zmm, packed, g, a.data() + r, 1, 0, sh.rows, want.data() + r * width, width);
     for (int64_t m = 1; m <= rows; ++m) {
       std::vector<float> got(static_cast<size_t>(m * width), NAN);
-      detail::GemmArgs args;
-      args.m = m;
-      args.a = a.data();
-      args.expert = packed.bytes().data() + detail::kHeaderBytes;
-      args.geometry = &g;
-      args.n_begin = 0;
-      args.n_end = sh.rows;
-      args.c = got.data();
-      args.c_stride = width;
-      tiles(args);
+      tiles(gemm_args(packed, g, a.data(), m, 0, sh.rows, got.data(), width));
       for (int64_t r = 0; r < m; ++r)
         for (int64_t n = 0; n < sh.rows; ++n)
           ASSERT_EQ(std::bit_cast<uint32_t>(got[static_cast<size_t>(r * width + n)]),

@@ -42,6 +42,7 @@
 #include "kernels/common/prefetch.hpp"
 #include "kernels/x86_amx/tile_ops.hpp"
 #include "kernels/x86_avx512vnni/avx512vnni_kernels.hpp"
+#include "kernels/x86_avx512vnni/load_scales_zmm.hpp"
 
 namespace w4a8moe::detail {
 namespace {
@@ -119,21 +120,6 @@ AmxBuffers& amx_buffers() {
   return b;
 }
 
-inline __m512 amx_load_scales(const uint8_t* base, DType dtype, int64_t index) {
-  switch (dtype) {
-    case DType::bf16:
-      return _mm512_castsi512_ps(_mm512_slli_epi32(
-          _mm512_cvtepu16_epi32(
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + index * 2))),
-          16));
-    case DType::f16:
-      return _mm512_cvtph_ps(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + index * 2)));
-    default:
-      return _mm512_loadu_ps(reinterpret_cast<const float*>(base) + index);
-  }
-}
-
 // Columns [k0, k0 + len) of the call's rows as u8 (q + 128), `stride` bytes apart, padded with
 // zero rows to a multiple of 16.
 void amx_stage_block(const GemmArgs& args, int64_t k0, int64_t len, int64_t stride, uint8_t* a) {
@@ -174,7 +160,7 @@ void amx_unpack_block(const Geometry& g, const uint8_t* panel_weights, const uin
       _mm512_store_si512(dst + 64, _mm512_permutexvar_epi8(_mm512_srli_epi16(raw, 4), table));
     }
     pf.step(len / 32);
-    _mm512_store_ps(scale, amx_load_scales(scales, g.scale_dtype, panel * kAmxPanel));
+    _mm512_store_ps(scale, load_scales_zmm(scales, g.scale_dtype, panel * kAmxPanel));
     return;
   }
   const int64_t chunks_per_group = g.group_len / 8;
@@ -198,7 +184,7 @@ void amx_unpack_block(const Geometry& g, const uint8_t* panel_weights, const uin
     const int64_t local = b - k0 / g.group_len;
     _mm512_store_si512(start + local * 16, _mm512_sub_epi32(_mm512_set1_epi32(sum_bias), total));
     _mm512_store_ps(scale + local * 16,
-                    amx_load_scales(scales, g.scale_dtype, (panel * g.groups + b) * kAmxPanel));
+                    load_scales_zmm(scales, g.scale_dtype, (panel * g.groups + b) * kAmxPanel));
   }
 }
 
@@ -413,7 +399,7 @@ bool amx_gemm_shaped(const GemmArgs& args) {
   for (int64_t p = 0; p < panels; ++p) {
     if constexpr (kChannelwise)
       _mm512_store_ps(channel_scale,
-                      amx_load_scales(scales, g.scale_dtype, (first_panel + p) * kAmxPanel));
+                      load_scales_zmm(scales, g.scale_dtype, (first_panel + p) * kAmxPanel));
     for (int64_t t = 0; t < tiles; ++t)
       amx_epilogue<kChannelwise>(args, args.n_begin + p * kAmxPanel, t * 16,
                                  std::min<int64_t>(16, args.m - t * 16), acc[t * panels + p],

@@ -20,28 +20,13 @@
 
 #include "kernels/common/prefetch.hpp"
 #include "kernels/x86_avx512vnni/avx512vnni_kernels.hpp"
+#include "kernels/x86_avx512vnni/load_scales_zmm.hpp"
 
 namespace w4a8moe::detail::avx512vnni {
 
 namespace {
 
 constexpr int64_t kPanel = 16;
-
-// 16 scales of one panel and group as f32.
-inline __m512 load_scales(const uint8_t* base, DType dtype, int64_t index) {
-  switch (dtype) {
-    case DType::bf16:
-      return _mm512_castsi512_ps(_mm512_slli_epi32(
-          _mm512_cvtepu16_epi32(
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + index * 2))),
-          16));
-    case DType::f16:
-      return _mm512_cvtph_ps(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + index * 2)));
-    default:
-      return _mm512_loadu_ps(reinterpret_cast<const float*>(base) + index);
-  }
-}
 
 inline int32_t load_i32(const void* p) {
   int32_t v;
@@ -135,7 +120,7 @@ void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
     if (!channelwise) {
       for (int p = 0; p < NP; ++p) {
         const __m512 s =
-            load_scales(scales, g.scale_dtype, ((first_panel + p) * g.groups + b) * kPanel);
+            load_scales_zmm(scales, g.scale_dtype, ((first_panel + p) * g.groups + b) * kPanel);
         for (int m = 0; m < M; ++m) {
           if constexpr (kSumsInMemory)
             _mm512_store_ps(fmem[m][p], _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[m][p]), s,
@@ -157,7 +142,7 @@ void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
                  : _mm512_setzero_ps();
     if (channelwise) {
       const __m512i wsum = _mm512_loadu_si512(corr + p * kPanel * 4);
-      const __m512 s = load_scales(scales, g.scale_dtype, (first_panel + p) * kPanel);
+      const __m512 s = load_scales_zmm(scales, g.scale_dtype, (first_panel + p) * kPanel);
       for (int m = 0; m < M; ++m) {
         const __m512i exact =
             _mm512_sub_epi32(iacc[m][p], _mm512_mullo_epi32(wsum, _mm512_set1_epi32(args.a[m].zp)));

@@ -1,0 +1,35 @@
+// 16 stored weight scales as f32 in a zmm register (internal linkage: included by the AVX-512
+// kernel files, each compiled with its own flags).
+#pragma once
+
+#if !defined(__AVX512F__)
+#error "this header is for files compiled with -mavx512f"
+#endif
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "w4a8moe/w4a8moe.hpp"
+
+namespace w4a8moe::detail {
+namespace {
+
+// Scales index..index + 15 of the scale section at `base`, stored as `dtype` (f32, bf16, f16).
+inline __m512 load_scales_zmm(const uint8_t* base, DType dtype, int64_t index) {
+  switch (dtype) {
+    case DType::bf16:
+      return _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + index * 2))),
+          16));
+    case DType::f16:
+      return _mm512_cvtph_ps(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + index * 2)));
+    default:
+      return _mm512_loadu_ps(reinterpret_cast<const float*>(base) + index);
+  }
+}
+
+}  // namespace
+}  // namespace w4a8moe::detail
