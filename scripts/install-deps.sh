@@ -4,10 +4,12 @@
 #                  OpenBLAS (the tests' plain-torch reference runs ~4x slower on the reference BLAS)
 #   --arm          the AArch64 cross compiler, qemu-user and GoogleTest's sources (the Arm stage)
 #   --reliability  clang and its runtimes: libFuzzer and the sanitizers (scripts/reliability.sh)
+#   --torch2       the pinned PyTorch 2 venv of the PyTorch 2 stage (below)
 set -euo pipefail
 
 packages=(g++ cmake make libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
           libcli11-dev)
+torch2=0
 for arg in "$@"; do
   case "$arg" in
     --torch) packages+=(python3-torch libtorch-dev python3-pytest libopenblas0-pthread) ;;
@@ -15,7 +17,7 @@ for arg in "$@"; do
     --reliability) packages+=(clang libclang-rt-14-dev) ;;
     # what makes the venv of python/requirements-torch2.txt (Debian's venv module, and Python's
     # headers for torch.compile's C++ code); the venv itself is made by scripts/torch2-env.sh
-    --torch2) packages+=(python3-venv python3-dev) ;;
+    --torch2) torch2=1; packages+=(python3-venv python3-dev) ;;
     *) echo "install-deps.sh: unknown option $arg (expected --torch, --torch2, --arm, --reliability)" >&2
        exit 2 ;;
   esac
@@ -32,7 +34,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# ---- PyTorch 2: the venv lives outside the clone (W4A8MOE_CACHE, default /var/cache/w4a8moe, or
+# PyTorch 2: the venv lives outside the clone (W4A8MOE_CACHE, default /var/cache/w4a8moe, or
 # ~/.cache/w4a8moe where that is not writable), so later runs on this machine reuse it; it is
 # (re)filled only when python/requirements-torch2.txt or its constraints (every dependency's
 # version, python/constraints-torch2.txt) changed since it was made. Prints nothing
@@ -48,4 +50,3 @@ if [ "$torch2" = 1 ]; then
     echo "$want" >"$venv/.w4a8moe-requirements"
   fi
 fi
-# ---- end PyTorch 2
