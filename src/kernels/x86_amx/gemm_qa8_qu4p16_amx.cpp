@@ -1,11 +1,11 @@
 // Kernel set "amx": the AMX GEMM (gemm_amx.hpp) on the tile instructions, and the choice between
 // it and the zmm GEMM by rows per call.
-#if !defined(__AMX_TILE__) || !defined(__AMX_INT8__)
-#error "this file must be compiled with -mamx-tile -mamx-int8 (and the AVX-512 flags)"
-#endif
-
 #include "kernels/x86_amx/amx_kernels.hpp"
 #include "kernels/x86_amx/gemm_amx.hpp"
+
+#if !defined(W4A8MOE_AMX_FLAGS)
+#error "this file must be compiled with -mamx-tile -mamx-int8 (and the AVX-512 flags)"
+#endif
 
 namespace w4a8moe::detail {
 
