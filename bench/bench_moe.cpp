@@ -132,7 +132,9 @@ void BM_Gemm(benchmark::State& state, const detail::KernelSet* set, detail::Gemm
   po.group_size = static_cast<int>(G);
   po.kernel_set = set->name;
   const PackedWeights pw = pack_w2(TensorView::of(w.data(), DType::i8, {1, N, K}),
-                                   (G < 0 ? TensorView::of(s.data(), DType::f32, {1, N}) : TensorView::of(s.data(), DType::f32, {1, N, groups})), {}, po);
+                                   (G < 0 ? TensorView::of(s.data(), DType::f32, {1, N})
+                                          : TensorView::of(s.data(), DType::f32, {1, N, groups})),
+                                   {}, po);
   const detail::Geometry g = detail::read_geometry(pw.bytes(), "bench");
   std::vector<float> a(static_cast<size_t>(K), 0.5f);
   // a quantized row: K bytes, then one int32 group term per group of 32
@@ -172,7 +174,6 @@ void BM_Gemm(benchmark::State& state, const detail::KernelSet* set, detail::Gemm
   state.counters["mac_per_s"] = benchmark::Counter(macs, benchmark::Counter::kIsRate);
   state.counters["of_mac_peak"] = fraction_of(macs, seconds, limits().peak[set->name].first);
 }
-
 
 const int kRegistered = [] {
   for (const detail::KernelSet& set : detail::kernel_table()) {

@@ -33,8 +33,8 @@ int main(int argc, char** argv) {
       std::vector<float> values(static_cast<size_t>(cols * rows));
       const auto bytes = file.bytes(t);
       for (int64_t r = 0; r < rows; ++r)
-        ggml_dequantize_row(info->type, bytes.data() + static_cast<size_t>(r) * t.row_bytes(),
-                            cols, values.data() + static_cast<size_t>(r * cols));
+        ggml_dequantize_row(info->type, bytes.data() + static_cast<size_t>(r) * t.row_bytes(), cols,
+                            values.data() + static_cast<size_t>(r * cols));
       std::vector<int64_t> shape;
       for (int d = t.n_dims - 1; d >= 0; --d) shape.push_back(t.ne[static_cast<size_t>(d)]);
       out.add(t.name, w4a8moe::DType::f32, shape, values);

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/ref/ref_kernels.hpp"
 #include "common/numeric.hpp"
+#include "kernels/ref/ref_kernels.hpp"
 #if defined(__x86_64__)
 #include <bit>
 

@@ -307,8 +307,8 @@ LogicalShape check_weight_shapes(const Tensor& w13, const Tensor& w2) {
   const auto cols = [](const Tensor& t) {
     return t.size(2) * (t.scalar_type() == at::kByte ? 2 : 1);
   };
-  TORCH_CHECK(w4a8moe::is_valid_w13_rows(w13.size(1)), "w13_weight: expected an even number of rows (2I), got shape ",
-              w13.sizes());
+  TORCH_CHECK(w4a8moe::is_valid_w13_rows(w13.size(1)),
+              "w13_weight: expected an even number of rows (2I), got shape ", w13.sizes());
   const LogicalShape s{w13.size(0), cols(w13), w13.size(1) / 2};
   TORCH_CHECK(w2.size(0) == s.experts && w2.size(1) == s.hidden && cols(w2) == s.inter,
               "w2_weight: expected ", s.experts, " experts of [", s.hidden, ", ", s.inter,

@@ -52,8 +52,8 @@ std::string kernel_set_for_layout(std::string_view layout) {
   for (const detail::KernelSet& k : detail::kernel_table())
     if (layout == detail::layout_name(k.layout))
       return detail::set_for_layout(k.layout, "layout").name;
-  throw Error(detail::cat("layout: expected the layout of a kernel set of this build, got '",
-                          layout, "'"));
+  throw Error(
+      detail::cat("layout: expected the layout of a kernel set of this build, got '", layout, "'"));
 }
 
 void check_moe_params(const MoeParams& params) { detail::check_params(params); }

@@ -92,7 +92,6 @@ struct Matrix {  // one role's logical weights
   }
 };
 
-
 }  // namespace
 
 void reference_forward(const TensorView& x, const TensorView& topk_ids,
@@ -130,8 +129,8 @@ void reference_forward(const TensorView& x, const TensorView& topk_ids,
       for (int64_t i = 0; i < I; ++i) {
         const int64_t gate_row = interleaved ? 2 * i : i;
         const int64_t up_row = interleaved ? 2 * i + 1 : I + i;
-        m[static_cast<size_t>(i)] =
-            static_cast<float>(detail::activation_f64(params, w13.dq_dot(qa, e, gate_row), w13.dq_dot(qa, e, up_row)));
+        m[static_cast<size_t>(i)] = static_cast<float>(
+            detail::activation_f64(params, w13.dq_dot(qa, e, gate_row), w13.dq_dot(qa, e, up_row)));
       }
       const Quantized qm = quant_row(m);
       const double weight = params.apply_router_weight_on_input ? 1.0 : static_cast<double>(r);

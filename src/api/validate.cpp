@@ -95,9 +95,6 @@ void check_activations(const TensorView& x, const TensorView& topk_ids,
 
 }  // namespace
 
-
-
-
 ForwardShape check_forward(const TensorView& x, const TensorView& topk_ids,
                            const TensorView& topk_weights, const Geometry& w13, const Geometry& w2,
                            const MoeParams& params, const MutableTensorView& out) {

@@ -46,7 +46,6 @@ void require_contiguous(const TensorView& t, std::string_view name) {
                     t.shape[static_cast<size_t>(t.rank - 1)], "), got row stride ", t.row_stride));
 }
 
-
 // The bytes a tensor spans, (rows - 1) * stride + last dimension elements, must not
 // overflow and must fit in the address space from its data pointer: huge or hostile shapes are
 // rejected before anything is read or allocated. Negative dimensions are checked elsewhere.

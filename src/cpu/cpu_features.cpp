@@ -1,8 +1,9 @@
 // CPU feature detection: CPUID + XGETBV on x86 (a feature counts only when the OS saves its
 // register state), getauxval on Linux/AArch64.
+#include "cpu/cpu_features.hpp"
+
 #include <string>
 
-#include "cpu/cpu_features.hpp"
 #include "w4a8moe/w4a8moe.hpp"
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -77,8 +78,8 @@ void detect_x86(CpuFeatures& f) {
   f.avxvnni = ((a >> 4) & 1) && f.avx2;
   f.avx512bf16 = ((a >> 5) & 1) && f.avx512f;
   const bool os_tiles = (xcr0 & (uint64_t{3} << 17)) == (uint64_t{3} << 17);
-  f.amx_status = detail::amx_status(cpu_amx, os_tiles,
-                                    cpu_amx && os_tiles && request_amx_permission());
+  f.amx_status =
+      detail::amx_status(cpu_amx, os_tiles, cpu_amx && os_tiles && request_amx_permission());
   f.amx_int8 = f.amx_status == "usable";
 }
 #endif

@@ -430,7 +430,6 @@ void MappedSafetensors::release(std::string_view name) const {
   file_.release(t.offset, t.entry.size_bytes);
 }
 
-
 // ---------------------------------------------------------------------------------------------
 // Writer
 

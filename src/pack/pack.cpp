@@ -200,9 +200,9 @@ PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale
 size_t packed_size(WeightRole role, int64_t experts, int64_t rows, int64_t cols, DType scale_dtype,
                    bool has_bias, const PackOptions& options, std::string_view argument) {
   const DType stored = options.scale_storage == ScaleStorage::bf16 ? DType::bf16 : scale_dtype;
-  const detail::KernelSet& set =
-      options.kernel_set.empty() ? detail::active_set()
-                                 : detail::set_by_name(options.kernel_set, "kernel_set");
+  const detail::KernelSet& set = options.kernel_set.empty()
+                                     ? detail::active_set()
+                                     : detail::set_by_name(options.kernel_set, "kernel_set");
   return detail::make_geometry(set.layout, role, experts, rows, cols, options.group_size, stored,
                                has_bias, argument)
       .total_bytes;

@@ -339,9 +339,10 @@ int bench_command(const BenchOptions& o) {
     if (peak_macs > 0)
       std::printf(" = %.1f%% of the int8 MAC peak", 100.0 * macs / med_s / peak_macs);
     std::printf("\n");
-    std::printf("  roofline max(weights / bandwidth %.3f ms, MACs / peak %.3f ms) = %.3f ms: the "
-                "forward at %.1f%% of it\n",
-                memory_s * 1e3, compute_s * 1e3, roofline_s * 1e3, 100.0 * roofline_s / med_s);
+    std::printf(
+        "  roofline max(weights / bandwidth %.3f ms, MACs / peak %.3f ms) = %.3f ms: the "
+        "forward at %.1f%% of it\n",
+        memory_s * 1e3, compute_s * 1e3, roofline_s * 1e3, 100.0 * roofline_s / med_s);
   }
   if (do_check && !(check.max_rel_err <= kCheckBound)) {
     std::fprintf(stderr, "w4a8moe bench: the correctness check failed: max rel err %.3e > %.0e\n",

@@ -75,8 +75,9 @@ int run_command(const RunOptions& options) {
         MutableTensorView::of(out_storage.data(), c.x.dtype, {tokens, hidden});
     forward(context, c.x, c.topk_ids, c.topk_weights, w13, w2, c.params, out);
 
-    const std::string kernel_set =
-        options.packed.empty() ? active_kernel_set() : kernel_set_for_layout(file.info().w13.layout);
+    const std::string kernel_set = options.packed.empty()
+                                       ? active_kernel_set()
+                                       : kernel_set_for_layout(file.info().w13.layout);
     io::SafetensorsWriter writer;
     writer.add("out", c.x.dtype, {tokens, hidden}, out_storage.data(), out_bytes);
     writer.set_metadata("kernel_set", kernel_set);

@@ -17,7 +17,8 @@
 // call, and a row's result must not depend on its call): each scale group's int32 sum
 // SUM (q + 128) * w plus -128 * SUM w (a per-group, per-output vector made while unpacking) is
 // SUM q * w exactly; it is multiplied by the group's scales and added in ascending group order,
-// and the epilogue is the same arithmetic. Channelwise: one sum over K, corrected in int32 by (128 + zp) * SUM w.
+// and the epilogue is the same arithmetic. Channelwise: one sum over K, corrected in int32 by (128
+// + zp) * SUM w.
 //
 // Tiles: 0-3 int32 sums (16 x 16; scale groups take them in rotation, a group's sums being
 // stored and scaled in f32 three groups after its `tdpbusd` were issued, so that the AVX-512
@@ -33,9 +34,9 @@
 
 #include <immintrin.h>
 
-#include <cassert>
 #include <algorithm>
 #include <bit>
+#include <cassert>
 #include <cstdlib>
 #include <memory>
 
@@ -76,7 +77,6 @@ TileConfig amx_config(int k_step) {
 
 // The configuration this thread has loaded for this backend (0: none).
 thread_local int t_amx_k_step = 0;
-
 
 template <class Tiles>
 void amx_configure(int k_step) {
@@ -134,10 +134,11 @@ void amx_stage_block(const GemmArgs& args, int64_t k0, int64_t len, int64_t stri
     if (k < len) {  // len is a multiple of 32
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k),
-                         _mm256_xor_si256(v, _mm512_castsi512_si256(flip)));
+                          _mm256_xor_si256(v, _mm512_castsi512_si256(flip)));
     }
   }
-  for (int64_t r = args.m; r < rows16; ++r) std::memset(a + r * stride, 0, static_cast<size_t>(len));
+  for (int64_t r = args.m; r < rows16; ++r)
+    std::memset(a + r * stride, 0, static_cast<size_t>(len));
 }
 
 // Columns [k0, k0 + len) of one panel of 16 outputs: the weights as s8 VNNI rows (w + (k - k0) *
@@ -147,9 +148,9 @@ void amx_unpack_block(const Geometry& g, const uint8_t* panel_weights, const uin
                       int64_t panel, int64_t k0, int64_t len, uint8_t* w, int32_t* start,
                       float* scale, int32_t sum_bias, Prefetcher& pf) {
   alignas(64) static constexpr int8_t kTable[64] = {
-      -8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3,
-      -2, -1, 0,  1,  2,  3,  4,  5,  6, 7, -8, -7, -6, -5, -4, -3, -2, -1, 0, 1,
-      2,  3,  4,  5,  6,  7,  -8, -7, -6, -5, -4, -3, -2, -1, 0,  1,  2,  3, 4, 5, 6, 7};
+      -8, -7, -6, -5, -4, -3, -2, -1, 0,  1,  2,  3,  4,  5,  6,  7,  -8, -7, -6, -5, -4, -3,
+      -2, -1, 0,  1,  2,  3,  4,  5,  6,  7,  -8, -7, -6, -5, -4, -3, -2, -1, 0,  1,  2,  3,
+      4,  5,  6,  7,  -8, -7, -6, -5, -4, -3, -2, -1, 0,  1,  2,  3,  4,  5,  6,  7};
   const __m512i table = _mm512_load_si512(kTable);
   const __m512i u128 = _mm512_set1_epi8(static_cast<char>(0x80));
   if (g.group_size < 0) {
@@ -254,8 +255,8 @@ void amx_tile_block(const Geometry& g, const uint8_t* a, int64_t a_stride, const
         // the group's start, added in int32 (a stride-0 tile load of it into the sum tile
         // measured slower: tile loads and stores are the tile unit's scarce resource)
         const __m512i raw = _mm512_add_epi32(_mm512_load_si512(c + r * 16), st);
-        const __m512 sum = kBiased ? _mm512_sub_ps(_mm512_castsi512_ps(raw), bias_value)
-                                   : _mm512_cvtepi32_ps(raw);
+        const __m512 sum =
+            kBiased ? _mm512_sub_ps(_mm512_castsi512_ps(raw), bias_value) : _mm512_cvtepi32_ps(raw);
         f[r] = _mm512_fmadd_ps(sum, s, f[r]);
       }
     };
@@ -308,19 +309,19 @@ void amx_epilogue(const GemmArgs& args, int64_t n0, int64_t r0, int64_t rows,
   const Geometry& g = *args.geometry;
   const uint8_t* corr = args.expert + g.correction_offset + n0 * 4;
   const __m512 bias =
-      g.has_bias
-          ? _mm512_loadu_ps(reinterpret_cast<const float*>(args.expert + g.bias_offset) + n0)
-          : _mm512_setzero_ps();
+      g.has_bias ? _mm512_loadu_ps(reinterpret_cast<const float*>(args.expert + g.bias_offset) + n0)
+                 : _mm512_setzero_ps();
   float* out = args.c + r0 * args.c_stride + (n0 - args.n_begin);
   if constexpr (kChannelwise) {
     const __m512i wsum = _mm512_loadu_si512(corr);
     const __m512 s = _mm512_load_ps(channel_scale);
     for (int64_t r = 0; r < rows; ++r) {
       const QuantRow& q = args.a[r0 + r];
-      const __m512i exact = _mm512_sub_epi32(_mm512_load_si512(acc + r * 16),
-                                             _mm512_mullo_epi32(wsum, _mm512_set1_epi32(q.zp + 128)));
+      const __m512i exact = _mm512_sub_epi32(
+          _mm512_load_si512(acc + r * 16), _mm512_mullo_epi32(wsum, _mm512_set1_epi32(q.zp + 128)));
       const __m512 rs = _mm512_mul_ps(_mm512_set1_ps(q.recip), s);
-      _mm512_storeu_ps(out + r * args.c_stride, _mm512_fmadd_ps(rs, _mm512_cvtepi32_ps(exact), bias));
+      _mm512_storeu_ps(out + r * args.c_stride,
+                       _mm512_fmadd_ps(rs, _mm512_cvtepi32_ps(exact), bias));
     }
   } else {
     const __m512 zsum = _mm512_loadu_ps(reinterpret_cast<const float*>(corr));
@@ -359,7 +360,7 @@ bool amx_gemm_shaped(const GemmArgs& args) {
                group_bytes = static_cast<size_t>(block_groups * 128);
   uint8_t* w_base = AmxBuffers::grow(buf.w, buf.w_bytes, 2 * w_bytes);
   uint8_t* group_base = AmxBuffers::grow(buf.group, buf.group_bytes, 2 * group_bytes);
-  auto* acc = reinterpret_cast<int32_t (*)[256]>(
+  auto* acc = reinterpret_cast<int32_t(*)[256]>(
       AmxBuffers::grow(buf.acc, buf.acc_bytes, static_cast<size_t>(tiles * panels) * 1024));
   if (a == nullptr || w_base == nullptr || group_base == nullptr || acc == nullptr) return false;
   amx_configure<Tiles>(kStep);

@@ -29,15 +29,14 @@ static_assert(sizeof(TileConfig) == 64);
 inline void amx_memory_barrier() { __asm__ volatile("" ::: "memory"); }
 
 // -mamx-tile -mamx-int8 in effect (GCC spells the macros __AMX_TILE__, clang __AMXTILE__).
-#if (defined(__AMX_TILE__) || defined(__AMXTILE__)) && (defined(__AMX_INT8__) || defined(__AMXINT8__))
+#if (defined(__AMX_TILE__) || defined(__AMXTILE__)) && \
+    (defined(__AMX_INT8__) || defined(__AMXINT8__))
 #define W4A8MOE_AMX_FLAGS 1
 #endif
 
 #if defined(W4A8MOE_AMX_FLAGS)
 struct AmxTiles {
-  static inline void configure(const TileConfig& c) {
-    __asm__ volatile("ldtilecfg %0" ::"m"(c));
-  }
+  static inline void configure(const TileConfig& c) { __asm__ volatile("ldtilecfg %0" ::"m"(c)); }
   static inline void release() { __asm__ volatile("tilerelease" ::); }
   template <int T>
   static inline void zero() {
