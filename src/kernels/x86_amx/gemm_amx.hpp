@@ -143,7 +143,8 @@ void amx_stage_block(const GemmArgs& args, int64_t k0, int64_t len, int64_t stri
 
 // Columns [k0, k0 + len) of one panel of 16 outputs: the weights as s8 VNNI rows (w + (k - k0) *
 // 16 for column k, a multiple of 4), and per scale group of the block the accumulator start
-// sum_bias - 128 * SUM w (int32 x 16) and the scales as f32 (channelwise: the panel's scales).
+// sum_bias - 128 * SUM w (int32 x 16) and the scales as f32 (channelwise: neither; the epilogue
+// reads the panel's scales).
 void amx_unpack_block(const Geometry& g, const uint8_t* panel_weights, const uint8_t* scales,
                       int64_t panel, int64_t k0, int64_t len, uint8_t* w, int32_t* start,
                       float* scale, int32_t sum_bias, Prefetcher& pf) {
@@ -161,8 +162,7 @@ void amx_unpack_block(const Geometry& g, const uint8_t* panel_weights, const uin
       _mm512_store_si512(dst + 64, _mm512_permutexvar_epi8(_mm512_srli_epi16(raw, 4), table));
     }
     pf.step(len / 32);
-    _mm512_store_ps(scale, load_scales_zmm(scales, g.scale_dtype, panel * kAmxPanel));
-    return;
+    return;  // the panel's scales are read by the epilogue
   }
   const int64_t chunks_per_group = g.group_len / 8;
   for (int64_t b = k0 / g.group_len; b < (k0 + len) / g.group_len; ++b) {
@@ -395,7 +395,7 @@ bool amx_gemm_shaped(const GemmArgs& args) {
             scale_of(p), len, acc[t * panels + p], k0 == 0, buf);
     }
   }
-  // channelwise: the panel's scales again (the blocks' buffers have been reused)
+  // channelwise: the panel's scales, once per panel
   alignas(64) float channel_scale[16];
   for (int64_t p = 0; p < panels; ++p) {
     if constexpr (kChannelwise)
