@@ -38,17 +38,6 @@ constexpr int64_t kSliceHMax = 256;                 // rows of down per phase-2 
 constexpr int64_t kQuantBatch = 8;                  // rows per claim in phase 0
 constexpr size_t kChunkScratch = size_t{64} << 20;  // target scratch bytes per chunk
 
-// The rows [begin, end) of one expert in ceil(n / tile) tiles whose sizes differ by at most one:
-// 20 rows with tile 16 make 10 + 10, not 16 + 4, so that no tile runs a narrow kernel that
-// shares each unpacked weight register among few rows. Tile i starts at begin + start(i).
-struct RowTiles {
-  int64_t count, base, extra;
-  RowTiles(int64_t n, int64_t tile)
-      : count((n + tile - 1) / tile), base(count ? n / count : 0), extra(count ? n % count : 0) {}
-  int64_t size(int64_t i) const { return base + (i < extra ? 1 : 0); }
-  int64_t start(int64_t i) const { return i * base + std::min(i, extra); }
-};
-
 size_t align64(size_t v) { return (v + 63) / 64 * 64; }
 
 struct AlignedFree {

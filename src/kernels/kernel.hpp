@@ -37,6 +37,17 @@ struct QuantizeArgs {
   QuantRow* row = nullptr;  // receives recip, zp, data (= dst) and group_terms
 };
 
+// n rows in ceil(n / tile) tiles whose sizes differ by at most one: 20 rows with tile 16 make
+// 10 + 10, not 16 + 4, so that no tile runs a narrow kernel that shares each unpacked weight
+// register among few rows. Tile i starts at row start(i).
+struct RowTiles {
+  int64_t count, base, extra;
+  RowTiles(int64_t n, int64_t tile)
+      : count((n + tile - 1) / tile), base(count ? n / count : 0), extra(count ? n % count : 0) {}
+  int64_t size(int64_t i) const { return base + (i < extra ? 1 : 0); }
+  int64_t start(int64_t i) const { return i * base + (i < extra ? i : extra); }
+};
+
 inline constexpr int64_t kMaxTileM = 128;  // upper bound of every kernel set's tile_m
 
 // A byte range to bring towards the L2 cache while a kernel computes (the weights of the next

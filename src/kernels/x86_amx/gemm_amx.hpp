@@ -411,16 +411,14 @@ bool amx_gemm_shaped(const GemmArgs& args) {
 
 // The zmm GEMM over the call's rows, in calls of nearly equal size of at most its 16-row tile.
 void amx_zmm_gemm(const GemmArgs& args) {
-  const int64_t calls = (args.m + avx512vnni::kTileM - 1) / avx512vnni::kTileM;
+  const RowTiles calls(args.m, avx512vnni::kTileM);
   GemmArgs part = args;
-  for (int64_t i = 0, r0 = 0; i < calls; ++i) {
-    const int64_t rows = args.m / calls + (i < args.m % calls ? 1 : 0);
-    part.m = rows;
-    part.a = args.a + r0;
-    part.c = args.c + r0 * args.c_stride;
+  for (int64_t i = 0; i < calls.count; ++i) {
+    part.m = calls.size(i);
+    part.a = args.a + calls.start(i);
+    part.c = args.c + calls.start(i) * args.c_stride;
     if (i > 0) part.prefetch[0] = part.prefetch[1] = PrefetchRange{};
     avx512vnni::gemm_qa8_qu4p16(part);
-    r0 += rows;
   }
 }
 
