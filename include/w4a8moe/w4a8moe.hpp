@@ -218,7 +218,9 @@ struct MoeParams {
 // smaller sizes as before) makes no heap allocation. Not safe to use from two threads at once.
 class Context {
  public:
-  explicit Context(int threads = 0);  // 0: the hardware's thread count
+  // The most worker threads a Context takes.
+  static constexpr int kMaxThreads = 4096;
+  explicit Context(int threads = 0);  // 0: the hardware's thread count, at most kMaxThreads
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;

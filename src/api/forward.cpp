@@ -89,9 +89,10 @@ Context::Context(int threads) {
   if (threads < 0)
     throw Error(detail::cat("threads: expected 0 (all hardware threads) or a positive count, got ",
                             threads));
-  if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads == 0)
+    threads = static_cast<int>(
+        std::clamp<unsigned>(std::thread::hardware_concurrency(), 1u, unsigned{kMaxThreads}));
   // Resource limits: a bounded pool, and a message when the system refuses threads.
-  constexpr int kMaxThreads = 4096;
   if (threads > kMaxThreads)
     throw Error(detail::cat("threads: expected at most ", kMaxThreads, ", got ", threads));
   try {
