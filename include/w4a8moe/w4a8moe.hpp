@@ -24,6 +24,10 @@
 
 namespace w4a8moe {
 
+namespace detail {
+struct ContextAccess;
+}  // namespace detail
+
 // Version of the packed-weights format this build writes and reads.
 inline constexpr uint32_t kPackedFormatVersion = 1;
 
@@ -142,6 +146,9 @@ struct PackOptions {
   // Resource limit: the packer refuses (Error) to allocate a packed buffer larger than this many
   // bytes (the buffer is about the size of the int4 weights given, plus scales).
   size_t memory_limit = SIZE_MAX;
+  // The experts to pack, by index into the given tensors, in this order: the local experts of a
+  // process (ExpertShard::globals(), w4a8moe/expert_parallel.hpp). Empty: all of them.
+  std::vector<int32_t> experts;
 };
 
 // What a packed buffer says about itself (decoded and checked header).
@@ -240,9 +247,7 @@ class Context {
   struct Impl;
 
  private:
-  friend void forward(Context&, const TensorView&, const TensorView&, const TensorView&,
-                      std::span<const uint8_t>, std::span<const uint8_t>, const MoeParams&,
-                      const MutableTensorView&);
+  friend struct detail::ContextAccess;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -19,6 +19,7 @@
 #include <system_error>
 #include <thread>
 
+#include "api/forward_driver.hpp"
 #include "api/validate.hpp"
 #include "common/checked_math.hpp"
 #include "common/format.hpp"
@@ -115,19 +116,8 @@ size_t Context::memory_limit() const noexcept { return impl_->memory_limit; }
 namespace detail {
 namespace {
 
-struct Problem {
-  ForwardShape s;
-  const Geometry* w13;
-  const Geometry* w2;
-  const KernelSet* set;
-  const uint8_t* w13_base;  // first expert block
-  const uint8_t* w2_base;
-  const TensorView* x;
-  const TensorView* ids;
-  const TensorView* weights;
-  const MutableTensorView* out;
-  const MoeParams* params;
-  int64_t chunk_tokens;
+struct Problem : ForwardJob {
+  int64_t chunk_tokens = 0;
 };
 
 // Rows of down per phase-2 task: every task passes over all of the chunk's requantized rows
@@ -235,11 +225,20 @@ class Worker {
     return load_float(p_.weights->data, p_.weights->dtype, t0 * p_.s.top_k + pair);
   }
 
+  // The packed expert of a (token, slot) pair, or -1 when the slot adds nothing here.
+  int64_t local_expert(int64_t t0, int64_t pair) const {
+    const int64_t id = load_index(p_.ids->data, p_.ids->dtype, t0 * p_.s.top_k + pair);
+    if (p_.local_of == nullptr) return id;
+    return id < 0 ? -1 : p_.local_of[id];
+  }
+
   void sort_pairs(int64_t t0, int64_t tokens) {
     const int64_t E = p_.s.experts, K = p_.s.top_k, pairs = tokens * K;
     std::fill(s_.begin, s_.begin + E + 1, 0);
-    for (int64_t i = 0; i < pairs; ++i)
-      ++s_.begin[load_index(p_.ids->data, p_.ids->dtype, t0 * K + i) + 1];
+    for (int64_t i = 0; i < pairs; ++i) {
+      const int64_t e = local_expert(t0, i);
+      if (e >= 0) ++s_.begin[e + 1];
+    }
     int32_t n_active = 0;
     for (int64_t e = 0; e < E; ++e) {
       if (s_.begin[e + 1] > 0) s_.active[n_active++] = static_cast<int32_t>(e);
@@ -250,11 +249,38 @@ class Worker {
     // Stable placement: pairs ascending within an expert. begin[e] serves as the cursor of
     // expert e, ending at the start of e + 1; shifting by one restores the starts.
     for (int64_t i = 0; i < pairs; ++i) {
-      const int64_t e = load_index(p_.ids->data, p_.ids->dtype, t0 * K + i);
-      s_.order[s_.begin[e]++] = static_cast<int32_t>(i);
+      const int64_t e = local_expert(t0, i);
+      if (e >= 0) s_.order[s_.begin[e]++] = static_cast<int32_t>(i);
     }
     for (int64_t e = E; e > 0; --e) s_.begin[e] = s_.begin[e - 1];
     s_.begin[0] = 0;
+  }
+
+  // Row r of the staged input into the kernel set's row format: the int8 values, the padding
+  // as the zero point, and the group terms (-8 * SUM q per group) when the set reads them, as
+  // its quantizer writes them.
+  void stage_row(int64_t r, uint8_t* dst, QuantRow* row) const {
+    const StagedRows& st = *p_.staged;
+    const uint8_t* rec = st.base + static_cast<size_t>(r) * st.stride;
+    const int64_t H = p_.s.hidden, padded = p_.w13->cols_padded;
+    QuantRow q;
+    std::memcpy(&q.recip, rec + st.recip_offset, 4);
+    std::memcpy(&q.zp, rec + st.zp_offset, 4);
+    std::memcpy(dst, rec + st.q_offset, static_cast<size_t>(H));
+    std::fill(dst + H, dst + padded, static_cast<uint8_t>(static_cast<int8_t>(q.zp)));
+    q.data = dst;
+    if (p_.set->group_terms) {
+      auto* terms = reinterpret_cast<int32_t*>(dst + padded);
+      const auto* v = reinterpret_cast<const int8_t*>(dst);
+      const int64_t len = p_.w13->group_len;
+      for (int64_t b = 0; b < padded / len; ++b) {
+        int32_t sum = 0;
+        for (int64_t k = b * len; k < (b + 1) * len; ++k) sum += v[k];
+        terms[b] = -8 * sum;
+      }
+      q.group_terms = terms;
+    }
+    *row = q;
   }
 
   void quantize_inputs(int tid, int64_t t0, int64_t tokens, std::atomic<int64_t>& next) {
@@ -263,14 +289,21 @@ class Worker {
     const int64_t K = p_.s.top_k, H = p_.s.hidden;
     const int64_t rows = on_input ? tokens * K : tokens;
     float* row = thread_buf(tid);
-    const TensorView& x = *p_.x;
-    const int64_t x_stride = x.stride();
     for (;;) {
       const int64_t r0 = next.fetch_add(kQuantBatch, std::memory_order_relaxed);
       if (r0 >= rows) break;
       for (int64_t r = r0; r < std::min(rows, r0 + kQuantBatch); ++r) {
+        // a row of the weight-on-input form belongs to one pair: none to quantize for a pair
+        // held elsewhere
+        if (on_input && local_expert(t0, r) < 0) continue;
+        uint8_t* dst = s_.qx + static_cast<size_t>(r) * s_.qx_stride;
+        if (p_.staged != nullptr) {
+          stage_row((on_input ? t0 * K : t0) + r, dst, &s_.qx_rows[r]);
+          continue;
+        }
+        const TensorView& x = *p_.x;
         const int64_t t = on_input ? r / K : r;
-        const int64_t base = (t0 + t) * x_stride;
+        const int64_t base = (t0 + t) * x.stride();
         const float w = on_input ? router_weight(t0, r) : 1.0f;
         if (x.dtype == DType::f32 && !on_input) {
           std::memcpy(row, static_cast<const uint8_t*>(x.data) + base * 4,
@@ -283,7 +316,7 @@ class Worker {
         q.cols = H;
         q.cols_padded = p_.w13->cols_padded;
         q.group_len = p_.w13->group_len;
-        q.dst = s_.qx + static_cast<size_t>(r) * s_.qx_stride;
+        q.dst = dst;
         q.row = &s_.qx_rows[r];
         p_.set->quantize(q);
       }
@@ -455,21 +488,30 @@ void forward(Context& context, const TensorView& x, const TensorView& topk_ids,
   using namespace detail;
   const Geometry w13 = read_geometry(w13_packed, "w13_packed");
   const Geometry w2 = read_geometry(w2_packed, "w2_packed");
-  Problem p{};
-  p.s = check_forward(x, topk_ids, topk_weights, w13, w2, params, out);
-  p.w13 = &w13;
-  p.w2 = &w2;
-  p.set = &set_for_layout(w13.layout, "w13_packed");
-  p.w13_base = w13_packed.data() + kHeaderBytes;
-  p.w2_base = w2_packed.data() + kHeaderBytes;
-  p.x = &x;
-  p.ids = &topk_ids;
-  p.weights = &topk_weights;
-  p.out = &out;
-  p.params = &params;
+  ForwardJob job;
+  job.s = check_forward(x, topk_ids, topk_weights, w13, w2, params, out);
+  job.w13 = &w13;
+  job.w2 = &w2;
+  job.set = &set_for_layout(w13.layout, "w13_packed");
+  job.w13_base = w13_packed.data() + kHeaderBytes;
+  job.w2_base = w2_packed.data() + kHeaderBytes;
+  job.x = &x;
+  job.ids = &topk_ids;
+  job.weights = &topk_weights;
+  job.out = &out;
+  job.params = &params;
+  run_forward(context, job);
+}
 
+namespace detail {
+
+ThreadPool& context_threads(Context& context) { return ContextAccess::impl(context).pool; }
+
+void run_forward(Context& context, const ForwardJob& job) {
+  Problem p;
+  static_cast<ForwardJob&>(p) = job;
   if (p.s.tokens == 0) return;  // an empty batch: nothing to compute
-  Context::Impl& impl = *context.impl_;
+  Context::Impl& impl = ContextAccess::impl(context);
   const int threads = impl.pool.size();
   // Tokens per chunk: as many as fit the scratch target, at least 16, at most T.
   const size_t per_token = plan(p, 1, 0).total;
@@ -509,5 +551,7 @@ void forward(Context& context, const TensorView& x, const TensorView& topk_ids,
   Worker worker(p, layout.scratch, impl.pool, counters);
   impl.pool.run(worker);
 }
+
+}  // namespace detail
 
 }  // namespace w4a8moe

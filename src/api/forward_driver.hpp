@@ -1,0 +1,54 @@
+// The forward driver's entry, shared by forward(), forward_local() and the dispatch steps of
+// expert parallelism (docs/expert-parallel.md): one job description, one driver.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/argument_checks.hpp"
+#include "pack/packed_format.hpp"
+#include "registry.hpp"
+#include "w4a8moe/w4a8moe.hpp"
+
+namespace w4a8moe::detail {
+
+// Activation rows quantized by another process (dispatched records): row r's int8 values start
+// at base + r * stride + q_offset (`hidden` bytes), its recip (f32) and zero point (int32) at
+// recip_offset and zp_offset. The driver stages them into its kernel set's row format instead of
+// quantizing x.
+struct StagedRows {
+  const uint8_t* base = nullptr;
+  size_t stride = 0, q_offset = 0, recip_offset = 0, zp_offset = 0;
+};
+
+struct ForwardJob {
+  ForwardShape s;  // s.experts: the experts the packed buffers hold
+  const Geometry* w13 = nullptr;
+  const Geometry* w2 = nullptr;
+  const KernelSet* set = nullptr;
+  const uint8_t* w13_base = nullptr;  // first expert block
+  const uint8_t* w2_base = nullptr;
+  const TensorView* x = nullptr;           // null when `staged` gives the rows
+  const StagedRows* staged = nullptr;      // rows: T, or T * K when the weight is on the input
+  const TensorView* ids = nullptr;         // [T, K]
+  const TensorView* weights = nullptr;     // [T, K]
+  const MutableTensorView* out = nullptr;  // [T, H], x's dtype or f32
+  const MoeParams* params = nullptr;
+  // ids -> packed expert index: local_of[id], -1 for an expert held elsewhere (that slot adds
+  // nothing); ids of -1 are skipped too. Null: ids index the packed experts directly.
+  const int32_t* local_of = nullptr;
+};
+
+// Runs the job on the context's threads. Arguments are checked by the caller.
+void run_forward(Context& context, const ForwardJob& job);
+
+class ThreadPool;
+// The context's worker threads, for the other steps of a forward (dispatch, combine).
+ThreadPool& context_threads(Context& context);
+
+// Grants the driver the context's threads and scratch.
+struct ContextAccess {
+  static Context::Impl& impl(Context& context) { return *context.impl_; }
+};
+
+}  // namespace w4a8moe::detail
