@@ -22,10 +22,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <span>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -133,9 +136,71 @@ struct Sizes {
   int64_t hidden, inter, group_size;
 };
 
+// What the op holds hidden_size, intermediate_size and group_size against: a packed header's role
+// and dimensions.
+struct HeaderFacts {
+  w4a8moe::WeightRole role;
+  int64_t rows, cols;
+  int group_size;
+};
+
+// The packed headers the forward op has decoded. forward() decodes and checks both headers on
+// every call; the op needs them before that, to check its size arguments, and takes them from
+// here so that a call decodes each header once (in forward()), or twice the first time a buffer
+// is seen. An entry is keyed on the buffer's address and size and keeps a copy of the header's
+// bytes; it serves only a buffer of that size that still holds those bytes. What a header says
+// is a function of those bytes and the buffer's size alone (docs/packed-format.md, "The
+// buffer": the header, then the experts), so an entry that serves gives what decoding gives,
+// and a buffer rewritten in place, or freed and its memory reused by another, is decoded anew.
+// Thread-safe without waiting: a call that finds the lock taken (by a concurrent call, or in a
+// child forked while a parent thread held it) decodes instead.
+class HeaderCache {
+ public:
+  static HeaderCache& instance() {
+    static HeaderCache* cache = new HeaderCache;  // never destroyed: ops may run during exit
+    return *cache;
+  }
+
+  HeaderFacts facts(std::span<const uint8_t> packed, const char* name) {
+    {
+      std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+      if (lock.owns_lock()) {
+        const auto it = entries_.find(packed.data());
+        if (it != entries_.end() && it->second.size == packed.size() &&
+            std::equal(it->second.header.begin(), it->second.header.end(), packed.begin()))
+          return it->second.facts;
+      }
+    }
+    const w4a8moe::PackedInfo info = w4a8moe::inspect_packed(packed, name);
+    const HeaderFacts facts{info.role, info.rows, info.cols, info.group_size};
+    const size_t header_bytes =
+        info.total_bytes - static_cast<size_t>(info.experts) * info.expert_bytes;
+    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+    if (lock.owns_lock()) {
+      if (entries_.size() >= kMaxEntries) entries_.clear();
+      Entry& e = entries_[packed.data()];
+      e.size = packed.size();
+      e.header.assign(packed.begin(), packed.begin() + static_cast<std::ptrdiff_t>(header_bytes));
+      e.facts = facts;
+    }
+    return facts;
+  }
+
+ private:
+  // Two buffers per MoE layer: more than the layers of the models in use. When full, it starts
+  // over.
+  static constexpr size_t kMaxEntries = 1024;
+  struct Entry {
+    size_t size = 0;
+    std::vector<uint8_t> header;
+    HeaderFacts facts{};
+  };
+  std::mutex mutex_;
+  std::unordered_map<const uint8_t*, Entry> entries_;
+};
+
 // hidden_size, intermediate_size and group_size must agree with the packed buffers' headers.
-void check_sizes_against_packed(const w4a8moe::PackedInfo& w13, const w4a8moe::PackedInfo& w2,
-                                const Sizes& s) {
+void check_sizes_against_packed(const HeaderFacts& w13, const HeaderFacts& w2, const Sizes& s) {
   TORCH_CHECK(w13.role == w4a8moe::WeightRole::w13,
               "w13_packed: expected weights packed as w13, got a buffer packed as w2");
   TORCH_CHECK(w2.role == w4a8moe::WeightRole::w2,
@@ -189,8 +254,10 @@ Tensor moe_ex_cpu(const Tensor& x_in, const Tensor& topk_ids_in, const Tensor& t
   return translate_errors([&] {
     const auto w13 = packed_bytes(w13_packed, "w13_packed");
     const auto w2 = packed_bytes(w2_packed, "w2_packed");
-    check_sizes_against_packed(w4a8moe::inspect_packed(w13, "w13_packed"),
-                               w4a8moe::inspect_packed(w2, "w2_packed"), sizes);
+    // w2's header first: a call with both headers damaged names w2_packed.
+    HeaderCache& headers = HeaderCache::instance();
+    const HeaderFacts w2_facts = headers.facts(w2, "w2_packed");
+    check_sizes_against_packed(headers.facts(w13, "w13_packed"), w2_facts, sizes);
     const auto shape = infer_output(x_in, topk_ids_in, topk_weights_in, sizes, activation_kind);
     Tensor out = at::empty({shape[0], shape[1]}, x_in.options());
     if (shape[0] == 0) return out;
@@ -462,9 +529,10 @@ std::tuple<bool, std::string> is_supported_config(at::ScalarType dtype, int64_t 
 }
 
 void set_num_threads(int64_t threads) {
-  TORCH_CHECK(threads >= 0 && threads <= 4096,
-              "threads: expected 0 (follow torch.get_num_threads()) or a count in [1, 4096], got ",
-              threads);
+  constexpr int kMax = w4a8moe::Context::kMaxThreads;
+  TORCH_CHECK(threads >= 0 && threads <= kMax,
+              "threads: expected 0 (follow torch.get_num_threads()) or a count in [1, ", kMax,
+              "], got ", threads);
   g_threads.store(threads, std::memory_order_relaxed);
 }
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -11,6 +12,7 @@
 
 #include "common/numeric.hpp"
 #include "w4a8moe/commands.hpp"
+#include "w4a8moe/forward_parts.hpp"
 #include "w4a8moe/probe.hpp"
 #include "w4a8moe/progress.hpp"
 #include "w4a8moe/synthetic.hpp"
@@ -105,107 +107,285 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-}  // namespace
+// ---- the options, and the layer they describe ----
 
-int bench_command(const BenchOptions& o) {
-  // --packed W.w4a8 times the file's experts, at its shapes, with the top-k and the
-  // activation it recorded (top-k 8 or E, silu when it recorded none); there are no unpacked
-  // weights to check against.
-  PackedFile file;
-  Preset packed_preset{};
-  double load_s = 0.0;
-  if (!o.packed.empty()) {
-    PackedFileOptions file_options;
-    file_options.verify_checksum = !o.skip_checksum;
-    const auto load_start = std::chrono::steady_clock::now();
-    file = PackedFile::open(o.packed, file_options);
-    load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
-    const PackedFileInfo& f = file.info();
-    packed_preset = Preset{o.packed.c_str(),
-                           f.hidden,
-                           f.inter,
-                           f.experts,
-                           f.meta.top_k > 0 ? f.meta.top_k : std::min<int64_t>(8, f.experts),
-                           f.meta.has_params ? f.meta.params.activation : Activation::silu,
-                           false,
-                           f.meta.has_params && f.meta.params.apply_router_weight_on_input};
-  }
-  const bool from_file = !o.packed.empty();
-  const Preset& preset = from_file ? packed_preset : find_preset(o.preset);
-  const int group = from_file ? file.info().group_size : o.group;
+// The layer bench times and how: the shapes and settings of a preset (synthetic weights, packed
+// here) or of a packed file (its experts, at its shapes).
+struct BenchLayer {
+  bool from_file = false;  // --packed
+  Preset preset{};
+  int group = 0;
+  DType x_dtype = DType::f32, scale_dtype = DType::f32;
+  MoeParams params;
+  bool check = false;        // against the reference: not with --packed (no unpacked weights)
+  SyntheticLayer synthetic;  // without --packed: the logical weights
+  PackedExperts experts;
+  double pack_s = 0.0;      // with --packed: the time to open and verify the file
+  size_t expert_bytes = 0;  // one expert's packed w13 and w2
+};
+
+// --packed W.w4a8 times the file's experts, at its shapes, with the top-k and the activation it
+// recorded (top-k 8 or E, silu when it recorded none).
+Preset preset_of_file(const PackedFileInfo& f, const char* name) {
+  return Preset{name,
+                f.hidden,
+                f.inter,
+                f.experts,
+                f.meta.top_k > 0 ? f.meta.top_k : std::min<int64_t>(8, f.experts),
+                f.meta.has_params ? f.meta.params.activation : Activation::silu,
+                false,
+                f.meta.has_params && f.meta.params.apply_router_weight_on_input};
+}
+
+void check_counts(const BenchOptions& o) {
   if (o.tokens < 1)
     throw Error("--tokens: expected a positive count, got " + std::to_string(o.tokens));
   if (o.repeat < 1)
     throw Error("--repeat: expected a positive count, got " + std::to_string(o.repeat));
-  if (o.threads < 0)
+  if (o.execution.threads < 0)
     throw Error("--threads: expected 0 (all) or a positive count, got " +
-                std::to_string(o.threads));
+                std::to_string(o.execution.threads));
   if (o.routing != "uniform" && o.routing != "skewed")
     throw Error("--routing: expected uniform or skewed, got '" + o.routing + "'");
-  const DType x_dtype = parse_float_dtype(o.dtype, "--dtype");
-  const DType scale_dtype =
-      from_file ? file.info().w13.scale_dtype : parse_float_dtype(o.scales, "--scales");
-  const bool quiet = o.json;
-  const bool do_check = o.check && !from_file;
-  const int64_t T = o.tokens, H = preset.hidden, I = preset.inter, E = preset.experts,
-                K = preset.top_k;
+}
 
-  MoeParams params;
-  params.activation = preset.activation;
-  params.apply_router_weight_on_input = preset.router_on_input;
-  if (from_file && file.info().meta.has_params) params = file.info().meta.params;
+// Generates the preset's synthetic weights and packs them.
+void generate_and_pack(const BenchOptions& o, BenchLayer& b) {
+  b.synthetic = [&] {
+    Progress p("generating weights");
+    return make_layer(b.preset, b.group, b.scale_dtype, o.seed, &Progress::callback, &p);
+  }();
+  const LogicalWeights lw = b.synthetic.view();
+  PackOptions po;
+  po.group_size = b.group;
+  po.gate_up_layout = lw.gate_up_layout;
+  Progress p("packing");
+  b.experts = PackedExperts::pack(lw, po);
+}
 
-  SyntheticLayer layer;
-  PackedWeights w13_packed, w2_packed;
-  std::span<const uint8_t> w13 = file.w13(), w2 = file.w2();
-  const auto pack_start = std::chrono::steady_clock::now();
-  if (!from_file) {
-    layer = [&] {
-      Progress p("generating weights");
-      return make_layer(preset, group, scale_dtype, o.seed, &Progress::callback, &p);
-    }();
-    const LogicalWeights lw = layer.view();
-    PackOptions po;
-    po.group_size = group;
-    po.gate_up_layout = lw.gate_up_layout;
-    Progress p("packing");
-    w13_packed = pack_w13(lw.w13, lw.w13_scale, lw.w13_bias, po);
-    w2_packed = pack_w2(lw.w2, lw.w2_scale, lw.w2_bias, po);
-    w13 = w13_packed.bytes();
-    w2 = w2_packed.bytes();
+// Opens --packed (timed), checks the options, then generates and packs the synthetic weights
+// (timed together) when there is no file.
+BenchLayer prepare_layer(const BenchOptions& o) {
+  BenchLayer b;
+  b.from_file = !o.packed.empty();
+  if (b.from_file) {
+    const auto load_start = std::chrono::steady_clock::now();
+    b.experts = PackedExperts::open(o.packed, o.skip_checksum);
+    b.pack_s = seconds_since(load_start);
+    b.preset = preset_of_file(b.experts.file.info(), o.packed.c_str());
+  } else {
+    b.preset = find_preset(o.preset);
   }
-  const double pack_s =
-      from_file
-          ? load_s
-          : std::chrono::duration<double>(std::chrono::steady_clock::now() - pack_start).count();
-  const size_t expert_bytes = inspect_packed(w13).expert_bytes + inspect_packed(w2).expert_bytes;
+  const PackedFileInfo& f = b.experts.file.info();
+  b.group = b.from_file ? f.group_size : o.group;
+  check_counts(o);
+  b.x_dtype = parse_float_dtype(o.dtype, "--dtype");
+  b.scale_dtype = b.from_file ? f.w13.scale_dtype : parse_float_dtype(o.scales, "--scales");
+  b.check = o.check && !b.from_file;
+  b.params.activation = b.preset.activation;
+  b.params.apply_router_weight_on_input = b.preset.router_on_input;
+  if (b.from_file && f.meta.has_params) b.params = f.meta.params;
+  if (!b.from_file) {
+    const auto pack_start = std::chrono::steady_clock::now();
+    generate_and_pack(o, b);
+    b.pack_s = seconds_since(pack_start);
+  }
+  b.expert_bytes =
+      inspect_packed(b.experts.w13).expert_bytes + inspect_packed(b.experts.w2).expert_bytes;
+  return b;
+}
 
-  Input x{x_dtype, make_activations(T, H, o.seed), {}};
-  if (x_dtype != DType::f32) x.half = to_half(x.f32, x_dtype);
-  const TensorView xv = TensorView::of(x.data(), x_dtype, {T, H});
-  std::vector<uint16_t> out_half(x_dtype == DType::f32 ? 0 : static_cast<size_t>(T * H));
-  std::vector<float> out_f32(static_cast<size_t>(T * H));
-  const MutableTensorView ov = MutableTensorView::of(
-      x_dtype == DType::f32 ? static_cast<void*>(out_f32.data()) : out_half.data(), x_dtype,
-      {T, H});
+void print_header(const BenchOptions& o, const BenchLayer& b, const Context& ctx,
+                  const std::string& kernel_set) {
+  const Preset& p = b.preset;
+  std::printf(
+      "w4a8moe bench: %s (H %lld, I %lld, E %lld, top-k %lld, %s%s), group %d, %s "
+      "scales, x %s, %lld tokens, %s routing, %d threads, kernel set %s\n",
+      p.name, static_cast<long long>(p.hidden), static_cast<long long>(p.inter),
+      static_cast<long long>(p.experts), static_cast<long long>(p.top_k),
+      activation_name(p.activation), p.router_on_input ? ", router weight on input" : "", b.group,
+      dtype_name(b.scale_dtype), dtype_name(b.x_dtype), static_cast<long long>(o.tokens),
+      o.routing.c_str(), ctx.threads(), kernel_set.c_str());
+  std::printf("%s %.1f MB in %.2f s%s\n", b.from_file ? "loaded" : "packed",
+              static_cast<double>(b.experts.w13.size() + b.experts.w2.size()) / 1e6, b.pack_s,
+              b.from_file && !o.skip_checksum ? " (checksum verified)" : "");
+  if (b.from_file && o.check)
+    std::printf("check: skipped (--packed: no unpacked weights to compare with)\n");
+}
 
-  Context ctx(o.threads);
-  const std::string kernel_set = active_kernel_set();
-  if (!quiet) {
+// ---- the runs ----
+
+// One forward call of the layer on x, routed by a Routing, into the output.
+using RunForward = std::function<void(const Routing&)>;
+
+// The check run: the output of routings[0] against the reference.
+CheckResult run_check(const BenchLayer& b, const Input& x, const Routing& routing,
+                      const OutputTensor& out, int64_t T, const RunForward& run) {
+  Progress p("checking against the reference");
+  run(routing);
+  std::vector<float> out_f32(static_cast<size_t>(T * b.preset.hidden));
+  for (size_t i = 0; i < out_f32.size(); ++i)
+    out_f32[i] = detail::load_float(out.view.data, out.view.dtype, static_cast<int64_t>(i));
+  return check_against_reference(b.synthetic, x, routing, out_f32, T, b.params);
+}
+
+void print_check(const CheckResult& check, int64_t T) {
+  std::printf(
+      "check: %d of %lld tokens against the reference: max rel err %.2e (%s, bound "
+      "%.0e), max |out| %.2f\n",
+      check.tokens_checked, static_cast<long long>(T), check.max_rel_err,
+      check.max_rel_err <= kCheckBound ? "ok" : "FAILED", kCheckBound, check.max_abs_ref);
+}
+
+// Per timed run: its time, the weight bytes of the distinct experts it touched, and the probes
+// of the machine's limits taken just before it.
+struct Timings {
+  std::vector<double> times_s, bytes, bandwidths, peaks, peaks_1;
+};
+
+// A warm-up, then the timed runs on routings[1..repeat]. The machine's limits are probed between
+// the timed runs, so that the limit and the product are measured in the same moments even when
+// the machine's load drifts (it is shared).
+Timings time_runs(const BenchLayer& b, const std::vector<Routing>& routings, int repeat,
+                  int threads, const std::string& kernel_set, const RunForward& run) {
+  Timings t;
+  Progress p("timing");
+  run(routings[1]);  // warm-up: threads, scratch
+  for (int r = 0; r < repeat; ++r) {
+    const Routing& rt = routings[static_cast<size_t>(r + 1)];
+    t.bandwidths.push_back(measure_read_bandwidth(threads, 1));
+    t.peaks.push_back(measure_peak_macs(kernel_set, threads, 1));
+    if (threads > 1) t.peaks_1.push_back(measure_peak_macs(kernel_set, 1, 1));
+    flush_from_caches(b.experts.w13.data(), b.experts.w13.size());  // cold weights, as in decode
+    flush_from_caches(b.experts.w2.data(), b.experts.w2.size());
+    const auto t0 = std::chrono::steady_clock::now();
+    run(rt);
+    t.times_s.push_back(seconds_since(t0));
+    const std::set<int32_t> distinct(rt.ids.begin(), rt.ids.end());
+    t.bytes.push_back(static_cast<double>(distinct.size() * b.expert_bytes));
+    p.update(static_cast<double>(r + 1) / repeat);
+  }
+  return t;
+}
+
+// ---- the figures and the report ----
+
+struct Figures {
+  double bandwidth, peak_macs, peak_1, scaling;
+  bool degraded;
+  double med_s, min_s, med_bytes, macs, gbps;
+  double memory_s, compute_s, roofline_s;
+};
+
+Figures figures_of(const Timings& t, const Preset& p, int64_t T, int threads) {
+  Figures f;
+  f.bandwidth = median(t.bandwidths);
+  f.peak_macs = median(t.peaks);
+  // The all-thread MAC probe over the one-thread probe: about the thread count on a machine that
+  // gives this process its cores. docs/performance.md, "The machine, and the degraded rule": below
+  // 0.75 per thread (1.5x for two), the host is taking cores away right now, and ratios against the
+  // MAC peak overstate (the forward and the probe do not lose the same share of a core).
+  f.peak_1 = t.peaks_1.empty() ? f.peak_macs : median(t.peaks_1);
+  f.scaling = f.peak_1 > 0 ? f.peak_macs / f.peak_1 : 0.0;
+  f.degraded = threads > 1 && f.peak_macs > 0 && f.scaling < 0.75 * threads;
+  f.med_s = median(t.times_s);
+  f.min_s = *std::min_element(t.times_s.begin(), t.times_s.end());
+  f.med_bytes = median(t.bytes);
+  f.macs = static_cast<double>(T * p.top_k) * 3.0 * static_cast<double>(p.hidden * p.inter);
+  f.gbps = f.med_bytes / f.med_s;  // weight bytes of the distinct experts touched
+  // The roofline: the larger of reading the touched experts' weights once at the probed
+  // bandwidth and doing the MACs at the probed peak of the set in use (bandwidth alone when the
+  // set has no MAC probe).
+  f.memory_s = f.med_bytes / f.bandwidth;
+  f.compute_s = f.peak_macs > 0 ? f.macs / f.peak_macs : 0.0;
+  f.roofline_s = std::max(f.memory_s, f.compute_s);
+  return f;
+}
+
+void print_json(const BenchOptions& o, const BenchLayer& b, const Figures& f,
+                const CheckResult& check, int threads, const std::string& kernel_set) {
+  const int64_t T = o.tokens;
+  nlohmann::json j;
+  j["preset"] = b.preset.name;
+  j["tokens"] = T;
+  j["threads"] = threads;
+  j["group"] = b.group;
+  j["dtype"] = dtype_name(b.x_dtype);
+  j["scales"] = dtype_name(b.scale_dtype);
+  j["routing"] = o.routing;
+  j["kernel_set"] = kernel_set;
+  j["repeat"] = o.repeat;
+  j["median_ms"] = f.med_s * 1e3;
+  j["min_ms"] = f.min_s * 1e3;
+  j["tokens_per_s"] = static_cast<double>(T) / f.med_s;
+  j["weight_bytes"] = f.med_bytes;
+  j["weight_gb_per_s"] = f.gbps / 1e9;
+  j["read_bandwidth_gb_per_s"] = f.bandwidth / 1e9;
+  j["bandwidth_fraction"] = f.gbps / f.bandwidth;
+  j["macs"] = f.macs;
+  j["gmac_per_s"] = f.macs / f.med_s / 1e9;
+  j["peak_gmac_per_s"] = f.peak_macs / 1e9;
+  j["mac_fraction"] = f.peak_macs > 0 ? f.macs / f.med_s / f.peak_macs : 0.0;
+  j["peak_gmac_per_s_1thread"] = f.peak_1 / 1e9;
+  j["mac_probe_scaling"] = f.scaling;
+  j["roofline_ms"] = f.roofline_s * 1e3;
+  j["roofline_memory_ms"] = f.memory_s * 1e3;
+  j["roofline_compute_ms"] = f.compute_s * 1e3;
+  j["roofline_fraction"] = f.roofline_s / f.med_s;
+  j["machine_degraded"] = f.degraded;
+  j["pack_s"] = b.pack_s;  // with --packed: the time to open and verify the file
+  if (b.from_file) j["packed_file"] = o.packed;
+  if (b.check) {
+    j["check_max_rel_err"] = check.max_rel_err;
+    j["check_tokens"] = check.tokens_checked;
+  } else {
+    j["check_max_rel_err"] = nullptr;
+  }
+  std::printf("%s\n", j.dump().c_str());
+}
+
+void print_text(const BenchOptions& o, const Figures& f, int threads,
+                const std::string& kernel_set) {
+  std::printf("read bandwidth probe: %.1f GB/s (median of %d, %d threads, between the runs)\n",
+              f.bandwidth / 1e9, o.repeat, threads);
+  if (f.peak_macs > 0)
     std::printf(
-        "w4a8moe bench: %s (H %lld, I %lld, E %lld, top-k %lld, %s%s), group %d, %s "
-        "scales, x %s, %lld tokens, %s routing, %d threads, kernel set %s\n",
-        preset.name, static_cast<long long>(H), static_cast<long long>(I),
-        static_cast<long long>(E), static_cast<long long>(K), activation_name(preset.activation),
-        preset.router_on_input ? ", router weight on input" : "", group, dtype_name(scale_dtype),
-        dtype_name(x_dtype), static_cast<long long>(T), o.routing.c_str(), ctx.threads(),
-        kernel_set.c_str());
-    std::printf("%s %.1f MB in %.2f s%s\n", from_file ? "loaded" : "packed",
-                static_cast<double>(w13.size() + w2.size()) / 1e6, pack_s,
-                from_file && !o.skip_checksum ? " (checksum verified)" : "");
-    if (from_file && o.check)
-      std::printf("check: skipped (--packed: no unpacked weights to compare with)\n");
-  }
+        "int8 MAC peak probe (%s): %.1f GMAC/s (median of %d, %d threads; 1 thread %.1f, "
+        "scaling %.2fx)\n",
+        kernel_set.c_str(), f.peak_macs / 1e9, o.repeat, threads, f.peak_1 / 1e9, f.scaling);
+  if (f.degraded)
+    std::printf(
+        "warning: %d threads probed only %.2fx one thread: the host is not giving this process "
+        "%d cores now, so the MAC-peak ratio overstates; measure again later\n",
+        threads, f.scaling, threads);
+  std::printf("forward: median %.3f ms (min %.3f ms, %d runs), %.1f tokens/s\n", f.med_s * 1e3,
+              f.min_s * 1e3, o.repeat, static_cast<double>(o.tokens) / f.med_s);
+  std::printf("  weights touched %.1f MB -> %.2f GB/s = %.1f%% of the read bandwidth\n",
+              f.med_bytes / 1e6, f.gbps / 1e9, 100.0 * f.gbps / f.bandwidth);
+  std::printf("  int8 MACs %.1f M -> %.2f GMAC/s", f.macs / 1e6, f.macs / f.med_s / 1e9);
+  if (f.peak_macs > 0)
+    std::printf(" = %.1f%% of the int8 MAC peak", 100.0 * f.macs / f.med_s / f.peak_macs);
+  std::printf("\n");
+  std::printf(
+      "  roofline max(weights / bandwidth %.3f ms, MACs / peak %.3f ms) = %.3f ms: the "
+      "forward at %.1f%% of it\n",
+      f.memory_s * 1e3, f.compute_s * 1e3, f.roofline_s * 1e3, 100.0 * f.roofline_s / f.med_s);
+}
+
+}  // namespace
+
+int bench_command(const BenchOptions& o) {
+  const BenchLayer b = prepare_layer(o);
+  const int64_t T = o.tokens, H = b.preset.hidden, E = b.preset.experts, K = b.preset.top_k;
+
+  Input x{b.x_dtype, make_activations(T, H, o.seed), {}};
+  if (b.x_dtype != DType::f32) x.half = to_half(x.f32, b.x_dtype);
+  const TensorView xv = TensorView::of(x.data(), b.x_dtype, {T, H});
+  OutputTensor out(b.x_dtype, T, H);
+
+  Context ctx = make_context(o.execution);
+  const std::string kernel_set = active_kernel_set();
+  if (!o.json) print_header(o, b, ctx, kernel_set);
 
   // One routing per timed run (plus one for the check), so decode runs do not reuse the same
   // experts from cache.
@@ -213,138 +393,25 @@ int bench_command(const BenchOptions& o) {
   for (int r = 0; r <= o.repeat; ++r)
     routings.push_back(
         make_routing(T, E, K, o.routing == "skewed", o.seed + 1000u * static_cast<unsigned>(r)));
-  auto run = [&](const Routing& rt) {
+  const RunForward run = [&](const Routing& rt) {
     forward(ctx, xv, TensorView::of(rt.ids.data(), DType::i32, {T, K}),
-            TensorView::of(rt.weights.data(), DType::f32, {T, K}), w13, w2, params, ov);
+            TensorView::of(rt.weights.data(), DType::f32, {T, K}), b.experts.w13, b.experts.w2,
+            b.params, out.view);
   };
 
   CheckResult check;
-  if (do_check) {
-    Progress p("checking against the reference");
-    run(routings[0]);
-    if (x_dtype != DType::f32)
-      for (size_t i = 0; i < out_f32.size(); ++i)
-        out_f32[i] = detail::load_float(out_half.data(), x_dtype, static_cast<int64_t>(i));
-    check = check_against_reference(layer, x, routings[0], out_f32, T, params);
-    p.finish();
-    if (!quiet)
-      std::printf(
-          "check: %d of %lld tokens against the reference: max rel err %.2e (%s, bound "
-          "%.0e), max |out| %.2f\n",
-          check.tokens_checked, static_cast<long long>(T), check.max_rel_err,
-          check.max_rel_err <= kCheckBound ? "ok" : "FAILED", kCheckBound, check.max_abs_ref);
+  if (b.check) {
+    check = run_check(b, x, routings[0], out, T, run);
+    if (!o.json) print_check(check, T);
   }
-
-  // The machine's limits are probed between the timed runs, so that the limit and the product
-  // are measured in the same moments even when the machine's load drifts (it is shared).
-  std::vector<double> times_s, bytes, bandwidths, peaks, peaks_1;
-  {
-    Progress p("timing");
-    run(routings[1]);  // warm-up: threads, scratch
-    for (int r = 0; r < o.repeat; ++r) {
-      const Routing& rt = routings[static_cast<size_t>(r + 1)];
-      bandwidths.push_back(measure_read_bandwidth(ctx.threads(), 1));
-      peaks.push_back(measure_peak_macs(kernel_set, ctx.threads(), 1));
-      if (ctx.threads() > 1) peaks_1.push_back(measure_peak_macs(kernel_set, 1, 1));
-      flush_from_caches(w13.data(), w13.size());  // cold weights, as in real decode
-      flush_from_caches(w2.data(), w2.size());
-      const auto t0 = std::chrono::steady_clock::now();
-      run(rt);
-      times_s.push_back(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-      const std::set<int32_t> distinct(rt.ids.begin(), rt.ids.end());
-      bytes.push_back(static_cast<double>(distinct.size() * expert_bytes));
-      p.update(static_cast<double>(r + 1) / o.repeat);
-    }
-  }
-  const double bandwidth = median(bandwidths);
-  const double peak_macs = median(peaks);
-  // The all-thread MAC probe over the one-thread probe: about the thread count on a machine that
-  // gives this process its cores. docs/performance.md, "The machine, and the degraded rule": below
-  // 0.75 per thread (1.5x for two), the host is taking cores away right now, and ratios against the
-  // MAC peak overstate (the forward and the probe do not lose the same share of a core).
-  const double peak_1 = peaks_1.empty() ? peak_macs : median(peaks_1);
-  const double scaling = peak_1 > 0 ? peak_macs / peak_1 : 0.0;
-  const bool degraded = ctx.threads() > 1 && peak_macs > 0 && scaling < 0.75 * ctx.threads();
-  if (!quiet) {
-    std::printf("read bandwidth probe: %.1f GB/s (median of %d, %d threads, between the runs)\n",
-                bandwidth / 1e9, o.repeat, ctx.threads());
-    if (peak_macs > 0)
-      std::printf(
-          "int8 MAC peak probe (%s): %.1f GMAC/s (median of %d, %d threads; 1 thread %.1f, "
-          "scaling %.2fx)\n",
-          kernel_set.c_str(), peak_macs / 1e9, o.repeat, ctx.threads(), peak_1 / 1e9, scaling);
-    if (degraded)
-      std::printf(
-          "warning: %d threads probed only %.2fx one thread: the host is not giving this process "
-          "%d cores now, so the MAC-peak ratio overstates; measure again later\n",
-          ctx.threads(), scaling, ctx.threads());
-  }
-  const double med_s = median(times_s);
-  const double min_s = *std::min_element(times_s.begin(), times_s.end());
-  const double med_bytes = median(bytes);
-  const double macs = static_cast<double>(T * K) * 3.0 * static_cast<double>(H * I);
-  const double gbps = med_bytes / med_s;  // weight bytes of the distinct experts touched
-  // The roofline: the larger of reading the touched experts' weights once at the probed
-  // bandwidth and doing the MACs at the probed peak of the set in use (bandwidth alone when the
-  // set has no MAC probe).
-  const double memory_s = med_bytes / bandwidth;
-  const double compute_s = peak_macs > 0 ? macs / peak_macs : 0.0;
-  const double roofline_s = std::max(memory_s, compute_s);
-
+  const Timings timings = time_runs(b, routings, o.repeat, ctx.threads(), kernel_set, run);
+  const Figures f = figures_of(timings, b.preset, T, ctx.threads());
   if (o.json) {
-    nlohmann::json j;
-    j["preset"] = preset.name;
-    j["tokens"] = T;
-    j["threads"] = ctx.threads();
-    j["group"] = group;
-    j["dtype"] = dtype_name(x_dtype);
-    j["scales"] = dtype_name(scale_dtype);
-    j["routing"] = o.routing;
-    j["kernel_set"] = kernel_set;
-    j["repeat"] = o.repeat;
-    j["median_ms"] = med_s * 1e3;
-    j["min_ms"] = min_s * 1e3;
-    j["tokens_per_s"] = static_cast<double>(T) / med_s;
-    j["weight_bytes"] = med_bytes;
-    j["weight_gb_per_s"] = gbps / 1e9;
-    j["read_bandwidth_gb_per_s"] = bandwidth / 1e9;
-    j["bandwidth_fraction"] = gbps / bandwidth;
-    j["macs"] = macs;
-    j["gmac_per_s"] = macs / med_s / 1e9;
-    j["peak_gmac_per_s"] = peak_macs / 1e9;
-    j["mac_fraction"] = peak_macs > 0 ? macs / med_s / peak_macs : 0.0;
-    j["peak_gmac_per_s_1thread"] = peak_1 / 1e9;
-    j["mac_probe_scaling"] = scaling;
-    j["roofline_ms"] = roofline_s * 1e3;
-    j["roofline_memory_ms"] = memory_s * 1e3;
-    j["roofline_compute_ms"] = compute_s * 1e3;
-    j["roofline_fraction"] = roofline_s / med_s;
-    j["machine_degraded"] = degraded;
-    j["pack_s"] = pack_s;  // with --packed: the time to open and verify the file
-    if (from_file) j["packed_file"] = o.packed;
-    if (do_check) {
-      j["check_max_rel_err"] = check.max_rel_err;
-      j["check_tokens"] = check.tokens_checked;
-    } else {
-      j["check_max_rel_err"] = nullptr;
-    }
-    std::printf("%s\n", j.dump().c_str());
+    print_json(o, b, f, check, ctx.threads(), kernel_set);
   } else {
-    std::printf("forward: median %.3f ms (min %.3f ms, %d runs), %.1f tokens/s\n", med_s * 1e3,
-                min_s * 1e3, o.repeat, static_cast<double>(T) / med_s);
-    std::printf("  weights touched %.1f MB -> %.2f GB/s = %.1f%% of the read bandwidth\n",
-                med_bytes / 1e6, gbps / 1e9, 100.0 * gbps / bandwidth);
-    std::printf("  int8 MACs %.1f M -> %.2f GMAC/s", macs / 1e6, macs / med_s / 1e9);
-    if (peak_macs > 0)
-      std::printf(" = %.1f%% of the int8 MAC peak", 100.0 * macs / med_s / peak_macs);
-    std::printf("\n");
-    std::printf(
-        "  roofline max(weights / bandwidth %.3f ms, MACs / peak %.3f ms) = %.3f ms: the "
-        "forward at %.1f%% of it\n",
-        memory_s * 1e3, compute_s * 1e3, roofline_s * 1e3, 100.0 * roofline_s / med_s);
+    print_text(o, f, ctx.threads(), kernel_set);
   }
-  if (do_check && !(check.max_rel_err <= kCheckBound)) {
+  if (b.check && !(check.max_rel_err <= kCheckBound)) {
     std::fprintf(stderr, "w4a8moe bench: the correctness check failed: max rel err %.3e > %.0e\n",
                  check.max_rel_err, kCheckBound);
     return 1;

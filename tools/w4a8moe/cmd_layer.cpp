@@ -16,6 +16,7 @@
 #include "io/checkpoint.hpp"
 #include "io/safetensors.hpp"
 #include "w4a8moe/commands.hpp"
+#include "w4a8moe/forward_parts.hpp"
 #include "w4a8moe/progress.hpp"
 #include "w4a8moe/routing.hpp"
 #include "w4a8moe/w4a8moe.hpp"
@@ -27,10 +28,6 @@ namespace {
 // Above this relative RMS error against the float reference the result is wrong, not merely
 // quantized (int8 activations cost a few 1e-3).
 constexpr double kCompareBound = 5e-2;
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 double peak_rss_mib() {
   struct rusage usage {};
@@ -86,212 +83,275 @@ Part load_part(const LayerOptions& options, io::LoadOptions load, bool shared) {
   const io::LayerInfo& info = p.source->info();
   Progress progress(shared ? std::string("w4a8moe layer: packing the shared expert")
                            : "w4a8moe layer: packing " + std::to_string(info.experts) + " experts");
-  p.packed = io::pack_layer(*p.source, options.threads, [&](double f) { progress.update(f); });
+  p.packed =
+      io::pack_layer(*p.source, options.execution.threads, [&](double f) { progress.update(f); });
   return p;
+}
+
+// ---- the options, and the layer loaded ----
+
+io::LoadOptions load_options(const LayerOptions& options) {
+  if (options.execution.threads < 0)
+    throw Error("--threads: expected 0 (all hardware threads) or more, got " +
+                std::to_string(options.execution.threads));
+  if (options.repeat < 1)
+    throw Error("--repeat: expected at least 1, got " + std::to_string(options.repeat));
+  if (options.input.empty() && options.tokens < 1)
+    throw Error("--tokens: expected at least 1, got " + std::to_string(options.tokens));
+  io::LoadOptions load;
+  load.group_size = options.group;
+  load.require_exact = options.exact;
+  return load;
+}
+
+// The routed experts, and the shared expert when asked for and present, loaded and packed.
+struct Layer {
+  Part routed, shared;
+  bool with_shared = false;
+  double load_seconds = 0.0;
+  const io::LayerInfo& info() const { return routed.source->info(); }
+};
+
+Layer load_layer(const LayerOptions& options) {
+  const io::LoadOptions load = load_options(options);
+  Layer l;
+  const auto load_start = std::chrono::steady_clock::now();
+  l.routed = load_part(options, load, false);
+  l.with_shared = options.shared_experts && l.info().has_shared_expert;
+  if (l.with_shared) l.shared = load_part(options, load, true);
+  l.load_seconds = seconds_since(load_start);
+  return l;
+}
+
+// What the layer is, how its weights became int4, what `out` holds, and what loading cost.
+void print_layer(const LayerOptions& options, const Layer& l) {
+  const io::LayerInfo& info = l.info();
+  std::printf("model: %s (%s), layer %d: H %lld, I %lld, E %lld, top-k %lld, %s\n",
+              options.model.c_str(), info.format.c_str(), info.layer,
+              static_cast<long long>(info.hidden), static_cast<long long>(info.inter),
+              static_cast<long long>(info.experts), static_cast<long long>(info.top_k),
+              activation_name(info.params.activation));
+  std::printf("architecture: %s; routing: %s%s\n", info.model.c_str(),
+              routing_text(info.routing, !l.routed.router.bias.empty(),
+                           !l.routed.router.selection_bias.empty())
+                  .c_str(),
+              info.params.apply_router_weight_on_input ? "; router weight on the input" : "");
+  print_conversions(*l.routed.source);
+  if (l.with_shared) {
+    const io::LayerInfo& si = l.shared.source->info();
+    std::printf("shared expert: I %lld, %s, %s\n", static_cast<long long>(si.inter),
+                activation_name(si.params.activation),
+                si.shared_gate ? "output scaled by sigmoid(x . gate)" : "output added as is");
+    print_conversions(*l.shared.source);
+  }
+  for (const std::string& note : info.notes) std::printf("note: %s\n", note.c_str());
+  if (l.with_shared)
+    for (const std::string& note : l.shared.source->info().notes)
+      std::printf("note: shared expert: %s\n", note.c_str());
+  if (l.with_shared) {
+    std::printf("out: the routed experts plus the shared expert\n");
+  } else if (info.has_shared_expert) {
+    std::printf(
+        "note: the file's shared expert is not included in `out` (routed experts only; "
+        "--shared-experts adds it)\n");
+  } else if (options.shared_experts) {
+    std::printf("note: layer %d has no shared expert: `out` is its routed experts\n", info.layer);
+  }
+  const double packed_bytes = static_cast<double>(
+      l.routed.packed.w13.size() + l.routed.packed.w2.size() +
+      (l.with_shared ? l.shared.packed.w13.size() + l.shared.packed.w2.size() : 0));
+  std::printf("load: %.3f s (packed %.1f MiB for kernel set %s; peak resident memory %.1f MiB)\n",
+              l.load_seconds, packed_bytes / (1024.0 * 1024.0), active_kernel_set().c_str(),
+              peak_rss_mib());
+}
+
+// ---- the hidden states ----
+
+// x [T, H] as read from --input or drawn at random, and in f32 (exact).
+struct HiddenStates {
+  HiddenStates() = default;
+  HiddenStates(const HiddenStates&) = delete;  // `x` points into `file` or `random`
+  HiddenStates& operator=(const HiddenStates&) = delete;
+
+  io::SafetensorsFile file;
+  std::vector<float> random;
+  TensorView x;
+  std::vector<float> f32;
+};
+
+void read_input_x(const std::string& path, int64_t H, HiddenStates& hs) {
+  hs.file = io::SafetensorsFile::read(path);
+  if (!hs.file.contains("x"))
+    throw Error("input file '" + path + "': tensor 'x' [T, H] is missing");
+  const io::TensorEntry& e = hs.file.entry("x");
+  if (!detail::is_float_dtype(e.dtype) || e.shape.size() != 2 || e.shape[1] != H || e.shape[0] < 1)
+    throw Error("input file '" + path + "': tensor 'x' must be F32, BF16 or F16 [T, " +
+                std::to_string(H) + "] with T >= 1, got " + io::safetensors_dtype_name(e.dtype) +
+                " of rank " + std::to_string(e.shape.size()) +
+                (e.shape.size() == 2
+                     ? " [" + std::to_string(e.shape[0]) + ", " + std::to_string(e.shape[1]) + "]"
+                     : std::string()));
+  hs.x = hs.file.view("x");
+}
+
+void draw_random_x(int tokens, unsigned seed, int64_t H, HiddenStates& hs) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  hs.random.resize(static_cast<size_t>(tokens) * static_cast<size_t>(H));
+  for (float& v : hs.random) v = normal(rng);
+  hs.x = TensorView::of(hs.random.data(), DType::f32, {tokens, H});
+}
+
+void hidden_states(const LayerOptions& options, int64_t H, HiddenStates& hs) {
+  if (!options.input.empty()) {
+    read_input_x(options.input, H, hs);
+  } else {
+    draw_random_x(options.tokens, options.seed, H, hs);
+  }
+  const int64_t T = hs.x.shape[0];
+  hs.f32.resize(static_cast<size_t>(T * H));
+  for (int64_t i = 0; i < T * H; ++i)
+    hs.f32[static_cast<size_t>(i)] =
+        detail::load_float(hs.x.data, hs.x.dtype, (i / H) * hs.x.stride() + i % H);
+}
+
+// Routes x with the model's router (the shared expert: every token, weight 1 or its gate's
+// sigmoid); returns the seconds it took.
+double route(Layer& l, const TensorView& x) {
+  const auto route_start = std::chrono::steady_clock::now();
+  io::route_tokens(*l.routed.source, l.routed.router, x, l.routed.ids, l.routed.weights);
+  if (l.with_shared)
+    io::route_tokens(*l.shared.source, l.shared.router, x, l.shared.ids, l.shared.weights);
+  return seconds_since(route_start);
+}
+
+// ---- the timed runs ----
+
+// A warm-up and `repeat` timed runs of the layer into `out`; returns the median seconds. With
+// the shared expert, both parts run on x in f32 and their f32 sum is rounded once to x's dtype;
+// without it, forward() writes `out` in x's dtype directly.
+double time_layer(const Layer& l, const HiddenStates& hs, int repeat, Context& context,
+                  const MutableTensorView& out) {
+  const int64_t T = hs.x.shape[0], H = l.info().hidden;
+  std::vector<float> routed_out, shared_out;
+  const TensorView x_run = l.with_shared ? TensorView::of(hs.f32.data(), DType::f32, {T, H}) : hs.x;
+  const auto run_part = [&](const Part& p, const MutableTensorView& dst) {
+    const int64_t k = p.source->info().top_k;
+    forward(context, x_run, TensorView::of(p.ids.data(), DType::i32, {T, k}),
+            TensorView::of(p.weights.data(), DType::f32, {T, k}), p.packed.w13.bytes(),
+            p.packed.w2.bytes(), p.source->info().params, dst);
+  };
+  const auto run_layer = [&] {
+    if (!l.with_shared) {
+      run_part(l.routed, out);
+      return;
+    }
+    routed_out.resize(static_cast<size_t>(T * H));
+    shared_out.resize(static_cast<size_t>(T * H));
+    run_part(l.routed, MutableTensorView::of(routed_out.data(), DType::f32, {T, H}));
+    run_part(l.shared, MutableTensorView::of(shared_out.data(), DType::f32, {T, H}));
+    for (int64_t i = 0; i < T * H; ++i)
+      detail::store_float(out.data, out.dtype, i,
+                          routed_out[static_cast<size_t>(i)] + shared_out[static_cast<size_t>(i)]);
+  };
+  run_layer();  // warm-up
+  std::vector<double> times;
+  for (int r = 0; r < repeat; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    run_layer();
+    times.push_back(seconds_since(start));
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+// ---- the output file and the comparison ----
+
+void write_layer_output(const LayerOptions& options, const Layer& l, const OutputTensor& out,
+                        const Context& context) {
+  const io::LayerInfo& info = l.info();
+  const int64_t T = out.view.shape[0], H = out.view.shape[1], K = info.top_k;
+  io::SafetensorsWriter writer;
+  out.add_to(writer, "out");
+  writer.add("topk_ids", DType::i32, {T, K}, l.routed.ids);
+  writer.add("topk_weights", DType::f32, {T, K}, l.routed.weights);
+  if (l.with_shared) writer.add("shared_weights", DType::f32, {T}, l.shared.weights);
+  writer.set_metadata("model", options.model);
+  writer.set_metadata("layer", std::to_string(info.layer));
+  writer.set_metadata("kernel_set", active_kernel_set());
+  writer.set_metadata("threads", std::to_string(context.threads()));
+  writer.set_metadata("shared_expert", l.with_shared            ? "included"
+                                       : info.has_shared_expert ? "not included"
+                                                                : "none in the layer");
+  writer.write(options.output);
+  std::printf("wrote out [%lld, %lld] %s, topk_ids and topk_weights%s to %s\n",
+              static_cast<long long>(T), static_cast<long long>(H), dtype_name(out.view.dtype),
+              l.with_shared ? ", shared_weights" : "", options.output.c_str());
+}
+
+// The float reference of the layer on x in f32; prints the error of `out` against it and
+// returns the exit code (1 above kCompareBound).
+int compare_with_reference(const LayerOptions& options, const Layer& l,
+                           const std::vector<float>& xf, const MutableTensorView& out) {
+  const int threads = options.execution.threads;
+  std::vector<double> ref;
+  {
+    Progress progress("w4a8moe layer: float reference");
+    ref = io::float_reference(*l.routed.source, xf, l.routed.ids, l.routed.weights, threads);
+    if (l.with_shared) {
+      const std::vector<double> s =
+          io::float_reference(*l.shared.source, xf, l.shared.ids, l.shared.weights, threads);
+      for (size_t i = 0; i < ref.size(); ++i) ref[i] += s[i];
+    }
+  }
+  double err_sq = 0, ref_sq = 0, max_err = 0, max_ref = 0;
+  for (int64_t i = 0; i < out.shape[0] * out.shape[1]; ++i) {
+    const double got = static_cast<double>(detail::load_float(out.data, out.dtype, i));
+    const double want = ref[static_cast<size_t>(i)];
+    const double err = got - want;
+    err_sq += err * err;
+    ref_sq += want * want;
+    max_err = std::max(max_err, std::fabs(err));
+    max_ref = std::max(max_ref, std::fabs(want));
+  }
+  const double rel_rms = ref_sq > 0 ? std::sqrt(err_sq / ref_sq) : std::sqrt(err_sq);
+  std::printf(
+      "compare: relative RMS error %.3e, max abs error %.3e (largest |ref| %.3e) against the "
+      "float reference (the int4 weights dequantized, activations not quantized%s)\n",
+      rel_rms, max_err, max_ref, l.with_shared ? "; shared expert included" : "");
+  if (!(rel_rms <= kCompareBound)) {
+    std::fprintf(stderr,
+                 "w4a8moe layer: the relative RMS error %.3e against the float reference "
+                 "exceeds %.0e: the result is wrong\n",
+                 rel_rms, kCompareBound);
+    return 1;
+  }
+  return 0;
 }
 
 }  // namespace
 
 int layer_command(const LayerOptions& options) {
-  try {
-    if (options.threads < 0)
-      throw Error("--threads: expected 0 (all hardware threads) or more, got " +
-                  std::to_string(options.threads));
-    if (options.repeat < 1)
-      throw Error("--repeat: expected at least 1, got " + std::to_string(options.repeat));
-    if (options.input.empty() && options.tokens < 1)
-      throw Error("--tokens: expected at least 1, got " + std::to_string(options.tokens));
-    io::LoadOptions load;
-    load.group_size = options.group;
-    load.require_exact = options.exact;
+  Layer l = load_layer(options);
+  print_layer(options, l);
+  HiddenStates hs;
+  hidden_states(options, l.info().hidden, hs);
+  const double route_seconds = route(l, hs.x);
 
-    // Load and pack: the routed experts, and the shared expert when asked for and present.
-    const auto load_start = std::chrono::steady_clock::now();
-    Part routed = load_part(options, load, false);
-    const io::LayerInfo& info = routed.source->info();
-    const bool with_shared = options.shared_experts && info.has_shared_expert;
-    Part shared;
-    if (with_shared) shared = load_part(options, load, true);
-    const double load_seconds = seconds_since(load_start);
-    const int64_t H = info.hidden, E = info.experts, K = info.top_k;
+  Context context = make_context(options.execution);
+  const int64_t T = hs.x.shape[0];
+  OutputTensor out(hs.x.dtype, T, l.info().hidden);
+  const double median = time_layer(l, hs, options.repeat, context, out.view);
+  std::printf(
+      "forward: %lld tokens, %d threads: %.3f ms per forward (median of %d%s), %.1f tokens/s; "
+      "routing %.3f ms\n",
+      static_cast<long long>(T), context.threads(), median * 1e3, options.repeat,
+      l.with_shared ? "; routed and shared experts" : "", static_cast<double>(T) / median,
+      route_seconds * 1e3);
 
-    std::printf("model: %s (%s), layer %d: H %lld, I %lld, E %lld, top-k %lld, %s\n",
-                options.model.c_str(), info.format.c_str(), info.layer, static_cast<long long>(H),
-                static_cast<long long>(info.inter), static_cast<long long>(E),
-                static_cast<long long>(K), activation_name(info.params.activation));
-    std::printf("architecture: %s; routing: %s%s\n", info.model.c_str(),
-                routing_text(info.routing, !routed.router.bias.empty(),
-                             !routed.router.selection_bias.empty())
-                    .c_str(),
-                info.params.apply_router_weight_on_input ? "; router weight on the input" : "");
-    print_conversions(*routed.source);
-    if (with_shared) {
-      const io::LayerInfo& si = shared.source->info();
-      std::printf("shared expert: I %lld, %s, %s\n", static_cast<long long>(si.inter),
-                  activation_name(si.params.activation),
-                  si.shared_gate ? "output scaled by sigmoid(x . gate)" : "output added as is");
-      print_conversions(*shared.source);
-    }
-    for (const std::string& note : info.notes) std::printf("note: %s\n", note.c_str());
-    if (with_shared)
-      for (const std::string& note : shared.source->info().notes)
-        std::printf("note: shared expert: %s\n", note.c_str());
-    if (with_shared) {
-      std::printf("out: the routed experts plus the shared expert\n");
-    } else if (info.has_shared_expert) {
-      std::printf(
-          "note: the file's shared expert is not included in `out` (routed experts only; "
-          "--shared-experts adds it)\n");
-    } else if (options.shared_experts) {
-      std::printf("note: layer %d has no shared expert: `out` is its routed experts\n", info.layer);
-    }
-    const double packed_bytes =
-        static_cast<double>(routed.packed.w13.size() + routed.packed.w2.size() +
-                            (with_shared ? shared.packed.w13.size() + shared.packed.w2.size() : 0));
-    std::printf("load: %.3f s (packed %.1f MiB for kernel set %s; peak resident memory %.1f MiB)\n",
-                load_seconds, packed_bytes / (1024.0 * 1024.0), active_kernel_set().c_str(),
-                peak_rss_mib());
-
-    // Hidden states.
-    io::SafetensorsFile input_file;
-    TensorView x;
-    std::vector<float> x_random;
-    if (!options.input.empty()) {
-      input_file = io::SafetensorsFile::read(options.input);
-      if (!input_file.contains("x"))
-        throw Error("input file '" + options.input + "': tensor 'x' [T, H] is missing");
-      const io::TensorEntry& e = input_file.entry("x");
-      if (!detail::is_float_dtype(e.dtype) || e.shape.size() != 2 || e.shape[1] != H ||
-          e.shape[0] < 1)
-        throw Error(
-            "input file '" + options.input + "': tensor 'x' must be F32, BF16 or F16 [T, " +
-            std::to_string(H) + "] with T >= 1, got " + io::safetensors_dtype_name(e.dtype) +
-            " of rank " + std::to_string(e.shape.size()) +
-            (e.shape.size() == 2
-                 ? " [" + std::to_string(e.shape[0]) + ", " + std::to_string(e.shape[1]) + "]"
-                 : std::string()));
-      x = input_file.view("x");
-    } else {
-      std::mt19937_64 rng(options.seed);
-      std::normal_distribution<float> normal(0.0f, 1.0f);
-      x_random.resize(static_cast<size_t>(options.tokens) * static_cast<size_t>(H));
-      for (float& v : x_random) v = normal(rng);
-      x = TensorView::of(x_random.data(), DType::f32, {options.tokens, H});
-    }
-    const int64_t T = x.shape[0];
-    std::vector<float> xf(static_cast<size_t>(T * H));  // x in f32 (exact)
-    for (int64_t i = 0; i < T * H; ++i)
-      xf[static_cast<size_t>(i)] =
-          detail::load_float(x.data, x.dtype, (i / H) * x.stride() + i % H);
-
-    // Route (the shared expert: every token, weight 1 or its gate's sigmoid).
-    const auto route_start = std::chrono::steady_clock::now();
-    io::route_tokens(*routed.source, routed.router, x, routed.ids, routed.weights);
-    if (with_shared) io::route_tokens(*shared.source, shared.router, x, shared.ids, shared.weights);
-    const double route_seconds = seconds_since(route_start);
-
-    // Run. With the shared expert, both parts run on x in f32 and their f32 sum is rounded once
-    // to x's dtype; without it, forward() writes `out` in x's dtype directly.
-    Context context(options.threads);
-    const size_t out_bytes = static_cast<size_t>(T * H) * dtype_bytes(x.dtype);
-    std::vector<uint64_t> out_storage(out_bytes / sizeof(uint64_t) + 1);
-    const MutableTensorView out = MutableTensorView::of(out_storage.data(), x.dtype, {T, H});
-    std::vector<float> routed_out, shared_out;
-    const TensorView x_run = with_shared ? TensorView::of(xf.data(), DType::f32, {T, H}) : x;
-    const auto run_part = [&](const Part& p, const MutableTensorView& dst) {
-      const int64_t k = p.source->info().top_k;
-      forward(context, x_run, TensorView::of(p.ids.data(), DType::i32, {T, k}),
-              TensorView::of(p.weights.data(), DType::f32, {T, k}), p.packed.w13.bytes(),
-              p.packed.w2.bytes(), p.source->info().params, dst);
-    };
-    const auto run_layer = [&] {
-      if (!with_shared) {
-        run_part(routed, out);
-        return;
-      }
-      routed_out.resize(static_cast<size_t>(T * H));
-      shared_out.resize(static_cast<size_t>(T * H));
-      run_part(routed, MutableTensorView::of(routed_out.data(), DType::f32, {T, H}));
-      run_part(shared, MutableTensorView::of(shared_out.data(), DType::f32, {T, H}));
-      for (int64_t i = 0; i < T * H; ++i)
-        detail::store_float(
-            out.data, out.dtype, i,
-            routed_out[static_cast<size_t>(i)] + shared_out[static_cast<size_t>(i)]);
-    };
-    run_layer();  // warm-up
-    std::vector<double> times;
-    for (int r = 0; r < options.repeat; ++r) {
-      const auto start = std::chrono::steady_clock::now();
-      run_layer();
-      times.push_back(seconds_since(start));
-    }
-    std::sort(times.begin(), times.end());
-    const double median = times[times.size() / 2];
-    std::printf(
-        "forward: %lld tokens, %d threads: %.3f ms per forward (median of %d%s), %.1f tokens/s; "
-        "routing %.3f ms\n",
-        static_cast<long long>(T), context.threads(), median * 1e3, options.repeat,
-        with_shared ? "; routed and shared experts" : "", static_cast<double>(T) / median,
-        route_seconds * 1e3);
-
-    if (!options.output.empty()) {
-      io::SafetensorsWriter writer;
-      writer.add("out", x.dtype, {T, H}, out_storage.data(), out_bytes);
-      writer.add("topk_ids", DType::i32, {T, K}, routed.ids);
-      writer.add("topk_weights", DType::f32, {T, K}, routed.weights);
-      if (with_shared) writer.add("shared_weights", DType::f32, {T}, shared.weights);
-      writer.set_metadata("model", options.model);
-      writer.set_metadata("layer", std::to_string(info.layer));
-      writer.set_metadata("kernel_set", active_kernel_set());
-      writer.set_metadata("threads", std::to_string(context.threads()));
-      writer.set_metadata("shared_expert", with_shared              ? "included"
-                                           : info.has_shared_expert ? "not included"
-                                                                    : "none in the layer");
-      writer.write(options.output);
-      std::printf("wrote out [%lld, %lld] %s, topk_ids and topk_weights%s to %s\n",
-                  static_cast<long long>(T), static_cast<long long>(H), dtype_name(x.dtype),
-                  with_shared ? ", shared_weights" : "", options.output.c_str());
-    }
-
-    if (options.compare) {
-      std::vector<double> ref;
-      {
-        Progress progress("w4a8moe layer: float reference");
-        ref = io::float_reference(*routed.source, xf, routed.ids, routed.weights, options.threads);
-        if (with_shared) {
-          const std::vector<double> s =
-              io::float_reference(*shared.source, xf, shared.ids, shared.weights, options.threads);
-          for (size_t i = 0; i < ref.size(); ++i) ref[i] += s[i];
-        }
-      }
-      double err_sq = 0, ref_sq = 0, max_err = 0, max_ref = 0;
-      for (int64_t i = 0; i < T * H; ++i) {
-        const double got = static_cast<double>(detail::load_float(out.data, out.dtype, i));
-        const double want = ref[static_cast<size_t>(i)];
-        const double err = got - want;
-        err_sq += err * err;
-        ref_sq += want * want;
-        max_err = std::max(max_err, std::fabs(err));
-        max_ref = std::max(max_ref, std::fabs(want));
-      }
-      const double rel_rms = ref_sq > 0 ? std::sqrt(err_sq / ref_sq) : std::sqrt(err_sq);
-      std::printf(
-          "compare: relative RMS error %.3e, max abs error %.3e (largest |ref| %.3e) against the "
-          "float reference (the int4 weights dequantized, activations not quantized%s)\n",
-          rel_rms, max_err, max_ref, with_shared ? "; shared expert included" : "");
-      if (!(rel_rms <= kCompareBound)) {
-        std::fprintf(stderr,
-                     "w4a8moe layer: the relative RMS error %.3e against the float reference "
-                     "exceeds %.0e: the result is wrong\n",
-                     rel_rms, kCompareBound);
-        return 1;
-      }
-    }
-    return 0;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "w4a8moe layer: %s\n", e.what());
-    return 1;
-  }
+  if (!options.output.empty()) write_layer_output(options, l, out, context);
+  if (options.compare) return compare_with_reference(options, l, hs.f32, out.view);
+  return 0;
 }
 
 }  // namespace w4a8moe::cli

@@ -5,50 +5,43 @@
 // checksum, and the case's activation settings and top-k for the tools. It is written to an
 // unnamed or temporary file, fsynced and renamed, so a crash never leaves a partial W.w4a8.
 #include <cstdio>
-#include <exception>
 #include <string>
 
 #include "io/safetensors.hpp"
 #include "w4a8moe/commands.hpp"
+#include "w4a8moe/forward_parts.hpp"
 #include "w4a8moe/w4a8moe.hpp"
 
 namespace w4a8moe::cli {
 
 int pack_command(const PackCommandOptions& options) {
-  try {
-    PackOptions pack_options;
-    if (options.scales == "bf16") {
-      pack_options.scale_storage = ScaleStorage::bf16;
-    } else if (options.scales != "as_given") {
-      throw Error("--scales: expected as_given or bf16, got '" + options.scales + "'");
-    }
-    const io::LoadedCase c = io::load_case(options.input);
-    const PackOptions from_case = c.pack_options();
-    pack_options.group_size = from_case.group_size;
-    pack_options.gate_up_layout = from_case.gate_up_layout;
-    pack_options.kernel_set = options.kernel_set;
-    const LogicalWeights& w = c.weights;
-    const PackedWeights w13 = pack_w13(w.w13, w.w13_scale, w.w13_bias, pack_options);
-    const PackedWeights w2 = pack_w2(w.w2, w.w2_scale, w.w2_bias, pack_options);
-
-    PackedFileMeta meta;
-    meta.has_params = true;
-    meta.params = c.params;
-    meta.top_k = c.topk_ids.shape[1];
-    save_packed(options.output, w13.bytes(), w2.bytes(), meta);
-
-    const PackedInfo info = w13.info();
-    std::fprintf(stderr,
-                 "w4a8moe pack: wrote %lld experts (H %lld, I %lld, group %d, layout %s), %zu "
-                 "bytes, to %s\n",
-                 static_cast<long long>(info.experts), static_cast<long long>(info.cols),
-                 static_cast<long long>(info.rows / 2), info.group_size, info.layout.c_str(),
-                 w13.size() + w2.size(), options.output.c_str());
-    return 0;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "w4a8moe pack: %s\n", e.what());
-    return 1;
+  PackOptions pack_options;
+  if (options.scales == "bf16") {
+    pack_options.scale_storage = ScaleStorage::bf16;
+  } else if (options.scales != "as_given") {
+    throw Error("--scales: expected as_given or bf16, got '" + options.scales + "'");
   }
+  const io::LoadedCase c = io::load_case(options.input);
+  const PackOptions from_case = c.pack_options();
+  pack_options.group_size = from_case.group_size;
+  pack_options.gate_up_layout = from_case.gate_up_layout;
+  pack_options.kernel_set = options.kernel_set;
+  const PackedExperts experts = PackedExperts::pack(c.weights, pack_options);
+
+  PackedFileMeta meta;
+  meta.has_params = true;
+  meta.params = c.params;
+  meta.top_k = c.topk_ids.shape[1];
+  save_packed(options.output, experts.w13, experts.w2, meta);
+
+  const PackedInfo info = experts.w13_packed.info();
+  std::fprintf(stderr,
+               "w4a8moe pack: wrote %lld experts (H %lld, I %lld, group %d, layout %s), %zu "
+               "bytes, to %s\n",
+               static_cast<long long>(info.experts), static_cast<long long>(info.cols),
+               static_cast<long long>(info.rows / 2), info.group_size, info.layout.c_str(),
+               experts.w13.size() + experts.w2.size(), options.output.c_str());
+  return 0;
 }
 
 }  // namespace w4a8moe::cli

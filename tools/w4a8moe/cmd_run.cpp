@@ -4,12 +4,11 @@
 // file written by `w4a8moe pack` after checking they are the case's), runs forward() and writes
 // `out` [T, H] in the dtype of x, with the kernel set and the thread count in the metadata.
 #include <cstdio>
-#include <exception>
 #include <string>
-#include <vector>
 
 #include "io/safetensors.hpp"
 #include "w4a8moe/commands.hpp"
+#include "w4a8moe/forward_parts.hpp"
 #include "w4a8moe/w4a8moe.hpp"
 
 namespace w4a8moe::cli {
@@ -39,62 +38,47 @@ void check_packed_matches_case(const PackedFile& file, const io::LoadedCase& c) 
   }
 }
 
+// The experts of the case: mapped from --packed (verified to be the case's), or packed here.
+PackedExperts case_experts(const RunOptions& options, const io::LoadedCase& c) {
+  if (options.packed.empty()) return PackedExperts::pack(c.weights, c.pack_options());
+  PackedExperts experts = PackedExperts::open(options.packed, options.skip_checksum);
+  check_packed_matches_case(experts.file, c);
+  return experts;
+}
+
+// Writes `out` with the kernel set, the thread count and the activation in the metadata.
+void write_run_output(const std::string& path, const OutputTensor& out,
+                      const std::string& kernel_set, const Context& context,
+                      const MoeParams& params) {
+  io::SafetensorsWriter writer;
+  out.add_to(writer, "out");
+  writer.set_metadata("kernel_set", kernel_set);
+  writer.set_metadata("threads", std::to_string(context.threads()));
+  writer.set_metadata("activation", activation_name(params.activation));
+  writer.write(path);
+}
+
 }  // namespace
 
 int run_command(const RunOptions& options) {
-  try {
-    const io::LoadedCase c = io::load_case(options.input);
-    const PackOptions pack_options = c.pack_options();
-    const LogicalWeights& w = c.weights;
-    // The experts come from a packed file (mapped, verified), or are packed here.
-    PackedFile file;
-    PackedWeights w13_packed, w2_packed;
-    std::span<const uint8_t> w13, w2;
-    if (!options.packed.empty()) {
-      PackedFileOptions file_options;
-      file_options.verify_checksum = !options.skip_checksum;
-      file = PackedFile::open(options.packed, file_options);
-      check_packed_matches_case(file, c);
-      w13 = file.w13();
-      w2 = file.w2();
-    } else {
-      w13_packed = pack_w13(w.w13, w.w13_scale, w.w13_bias, pack_options);
-      w2_packed = pack_w2(w.w2, w.w2_scale, w.w2_bias, pack_options);
-      w13 = w13_packed.bytes();
-      w2 = w2_packed.bytes();
-    }
+  const io::LoadedCase c = io::load_case(options.input);
+  const PackedExperts experts = case_experts(options, c);
 
-    Context context(options.threads);
-    const int64_t tokens = c.x.shape[0];
-    const int64_t hidden = c.x.shape[1];
-    // x's shape came from a checked file, so this product matches bytes that exist in memory.
-    const size_t out_bytes =
-        static_cast<size_t>(tokens) * static_cast<size_t>(hidden) * dtype_bytes(c.x.dtype);
-    std::vector<uint64_t> out_storage(out_bytes / sizeof(uint64_t) + 1);  // 8-byte aligned
-    const MutableTensorView out =
-        MutableTensorView::of(out_storage.data(), c.x.dtype, {tokens, hidden});
-    forward(context, c.x, c.topk_ids, c.topk_weights, w13, w2, c.params, out);
+  Context context = make_context(options.execution);
+  const int64_t tokens = c.x.shape[0];
+  const int64_t hidden = c.x.shape[1];
+  OutputTensor out(c.x.dtype, tokens, hidden);
+  forward(context, c.x, c.topk_ids, c.topk_weights, experts.w13, experts.w2, c.params, out.view);
 
-    const std::string kernel_set = options.packed.empty()
-                                       ? active_kernel_set()
-                                       : kernel_set_for_layout(file.info().w13.layout);
-    io::SafetensorsWriter writer;
-    writer.add("out", c.x.dtype, {tokens, hidden}, out_storage.data(), out_bytes);
-    writer.set_metadata("kernel_set", kernel_set);
-    writer.set_metadata("threads", std::to_string(context.threads()));
-    writer.set_metadata("activation", activation_name(c.params.activation));
-    writer.write(options.output);
-
-    std::fprintf(
-        stderr, "w4a8moe run: wrote out [%lld, %lld] %s to %s (kernel set %s, %d threads)\n",
-        static_cast<long long>(tokens), static_cast<long long>(hidden), dtype_name(c.x.dtype),
-        options.output.c_str(), kernel_set.c_str(), context.threads());
-    return 0;
-  } catch (const std::exception& e) {
-    // w4a8moe::Error and anything else (bad_alloc, filesystem errors) end the same way.
-    std::fprintf(stderr, "w4a8moe run: %s\n", e.what());
-    return 1;
-  }
+  const std::string kernel_set = options.packed.empty()
+                                     ? active_kernel_set()
+                                     : kernel_set_for_layout(experts.file.info().w13.layout);
+  write_run_output(options.output, out, kernel_set, context, c.params);
+  std::fprintf(stderr, "w4a8moe run: wrote out [%lld, %lld] %s to %s (kernel set %s, %d threads)\n",
+               static_cast<long long>(tokens), static_cast<long long>(hidden),
+               dtype_name(c.x.dtype), options.output.c_str(), kernel_set.c_str(),
+               context.threads());
+  return 0;
 }
 
 }  // namespace w4a8moe::cli

@@ -1,15 +1,23 @@
-// The subcommands of the w4a8moe program. Each returns the process exit code and reports errors
-// on stderr as one sentence; main.cpp parses the command line (CLI11) and dispatches.
+// The subcommands of the w4a8moe program. Each returns the process exit code, or throws for bad
+// input: main.cpp parses the command line (CLI11), dispatches, and reports what a command threw
+// on stderr as one sentence, `w4a8moe COMMAND: message`.
 #pragma once
 
 #include <string>
 
 namespace w4a8moe::cli {
 
+// How the forward calls of bench, run and layer run: main.cpp registers these options for the
+// three commands (add_execution_options) and each command makes its Context from them
+// (make_context in forward_parts.hpp). An option of the forward calls themselves goes here.
+struct ExecutionOptions {
+  int threads = 0;  // 0: the hardware's thread count
+};
+
 struct BenchOptions {
   std::string preset = "qwen3-30b-a3b";
   int tokens = 1;
-  int threads = 0;  // 0: hardware
+  ExecutionOptions execution;
   int group = 32;
   std::string dtype = "f32";
   std::string routing = "uniform";
@@ -25,7 +33,7 @@ struct BenchOptions {
 struct RunOptions {
   std::string input;   // CASE.safetensors
   std::string output;  // OUT.safetensors
-  int threads = 0;
+  ExecutionOptions execution;
   std::string packed;          // W.w4a8 to take the experts from instead of packing
   bool skip_checksum = false;  // open it without hashing the payload
 };
@@ -50,10 +58,10 @@ struct CheckOptions {
 struct LayerOptions {
   std::string model;  // PATH: a .gguf file or a checkpoint folder
   int layer = 0;
-  int tokens = 8;      // random hidden states when there is no input file
-  std::string input;   // X.safetensors with x [T, H]
-  std::string output;  // OUT.safetensors: out [T, H], topk_ids, topk_weights
-  int threads = 0;
+  int tokens = 8;              // random hidden states when there is no input file
+  std::string input;           // X.safetensors with x [T, H]
+  std::string output;          // OUT.safetensors: out [T, H], topk_ids, topk_weights
+  ExecutionOptions execution;  // its threads also load, pack and run the float reference
   int repeat = 5;
   unsigned seed = 1;
   int group = 32;      // group size of converted (not exactly mapped) weights

@@ -6,6 +6,17 @@
 #include "w4a8moe/commands.hpp"
 #include "w4a8moe/synthetic.hpp"
 
+namespace {
+
+// The options of ExecutionOptions, the same for every command that runs forward(): a new one is
+// its field there and its line here.
+void add_execution_options(CLI::App* command, w4a8moe::cli::ExecutionOptions& options) {
+  command->add_option("--threads", options.threads, "threads (0: all hardware threads)")
+      ->capture_default_str();
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace w4a8moe::cli;
   CLI::App app{"w4a8moe: the Mixture-of-Experts layer with int4 weights and int8 activations"};
@@ -19,8 +30,7 @@ int main(int argc, char** argv) {
   CLI::App* b = app.add_subcommand("bench", "time a real model's MoE layer (synthetic weights)");
   b->add_option("--preset", bench.preset, "model shape: " + preset_names)->capture_default_str();
   b->add_option("--tokens", bench.tokens, "tokens per forward (T)")->capture_default_str();
-  b->add_option("--threads", bench.threads, "threads (0: all hardware threads)")
-      ->capture_default_str();
+  add_execution_options(b, bench.execution);
   b->add_option("--group", bench.group, "weight group size, -1 for channelwise")
       ->capture_default_str();
   b->add_option("--dtype", bench.dtype, "activation dtype: f32, bf16 or f16")
@@ -39,8 +49,7 @@ int main(int argc, char** argv) {
   r->add_option("--input", run.input, "CASE.safetensors with x, topk_ids, topk_weights, w13, ...")
       ->required();
   r->add_option("--output", run.output, "OUT.safetensors to write tensor `out` to")->required();
-  r->add_option("--threads", run.threads, "threads (0: all hardware threads)")
-      ->capture_default_str();
+  add_execution_options(r, run.execution);
   // ---- packed weight files: run --packed, bench --packed, pack ----
   r->add_option("--packed", run.packed,
                 "W.w4a8 (from `w4a8moe pack`): its experts, not the case's");
@@ -71,8 +80,7 @@ int main(int argc, char** argv) {
   l->add_option("--input", layer.input, "X.safetensors with tensor x [T, H] (F32/BF16/F16)")
       ->excludes(layer_tokens);
   l->add_option("--output", layer.output, "OUT.safetensors: out [T, H], topk_ids, topk_weights");
-  l->add_option("--threads", layer.threads, "threads (0: all hardware threads)")
-      ->capture_default_str();
+  add_execution_options(l, layer.execution);
   l->add_option("--repeat", layer.repeat, "timed runs; the median is reported")
       ->capture_default_str();
   l->add_option("--seed", layer.seed, "seed of the random hidden states")->capture_default_str();
