@@ -53,7 +53,9 @@ def rank_loads(model, machines, tokens_per_process, p, link_gbps):
     tokens = tokens_per_process * machines  # the layer's whole batch, the same in both ways
     bw = link_gbps * 1e9 / 8  # bytes/s of one direction of a full-duplex link
     lat = p.latency_us * 1e-6
-    row = h + 4 + 4 + 8 * k  # int8 row, f32 scale, f32 zero point, K ids and K f32 weights
+    # a record: 16-byte head (token, slots, f32 scale, int32 zero point), K int32 ids and K f32
+    # weights, the H int8 values, padded to 16 bytes (docs/expert-parallel.md, "Records")
+    row = (16 + 8 * k + h + 15) // 16 * 16
     loads = []
     for rank, held in enumerate(share):
         touched = held * (1.0 - (1.0 - k / e) ** tokens)

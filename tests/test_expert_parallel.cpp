@@ -200,9 +200,9 @@ std::vector<EpCase> ep_cases() {
   on_input.seed = 20;
   add(on_input, {1, 2});
   CaseSpec on_input_k2 = on_input;  // the weight on the input with two slots
-  on_input_k2.top_k = 2;
+  on_input_k2.top_k = 3;
   on_input_k2.seed = 21;
-  add(on_input_k2, {2, 4});
+  add(on_input_k2, {1, 2, 4});
   CaseSpec bf16 = base;
   bf16.x_dtype = DType::bf16;
   bf16.scale_dtype = DType::bf16;

@@ -158,6 +158,7 @@ class Dispatch {
   std::vector<int64_t> token_records_begin_;  // [T + 1] into token_records_
   std::vector<int64_t> token_records_;        // record positions of each token, process order
   std::vector<int64_t> record_dest_;          // per token record: process * K + slot
+  std::vector<int64_t> record_slot_order_;    // a token's slots in the order of its records
   // compute()
   std::vector<int32_t> ids_;
   std::vector<float> weights_, sums_;

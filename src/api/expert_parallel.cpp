@@ -252,9 +252,19 @@ void Dispatch::pack(Context& context, const TensorView& x, const TensorView& top
   token_records_.clear();
   std::vector<int64_t>& dest = record_dest_;  // d * K + k: process d; weight on input: slot k
   dest.clear();
+  // Weight on the input: a process's records of a token in ascending (expert, slot) order, the
+  // order forward() adds the slots in, so that one process gives forward()'s bits.
+  std::vector<int64_t>& slot_order = record_slot_order_;
+  slot_order.resize(static_cast<size_t>(K));
   for (int64_t t = 0; t < T; ++t) {
+    for (int64_t k = 0; k < K; ++k) slot_order[static_cast<size_t>(k)] = k;
+    if (on_input)
+      std::stable_sort(slot_order.begin(), slot_order.end(), [&](int64_t a, int64_t b) {
+        return load_index(topk_ids.data, topk_ids.dtype, t * K + a) <
+               load_index(topk_ids.data, topk_ids.dtype, t * K + b);
+      });
     for (int64_t d = 0; d < N; ++d) {
-      for (int64_t k = 0; k < K; ++k) {
+      for (const int64_t k : slot_order) {
         if (owner_of(t, k) != d) continue;
         dest.push_back(d * K + k);
         ++send_counts_[static_cast<size_t>(d)];

@@ -13,6 +13,7 @@
 #include "common/numeric.hpp"
 #include "w4a8moe/commands.hpp"
 #include "w4a8moe/forward_parts.hpp"
+#include "w4a8moe/parallel.hpp"
 #include "w4a8moe/probe.hpp"
 #include "w4a8moe/progress.hpp"
 #include "w4a8moe/synthetic.hpp"
@@ -149,8 +150,9 @@ void check_counts(const BenchOptions& o) {
     throw Error("--routing: expected uniform or skewed, got '" + o.routing + "'");
 }
 
-// Generates the preset's synthetic weights and packs them.
-void generate_and_pack(const BenchOptions& o, BenchLayer& b) {
+// Generates the preset's synthetic weights and packs them (under --expert-parallel: this
+// process's share of the experts).
+void generate_and_pack(const BenchOptions& o, BenchLayer& b, const Parallel& parallel) {
   b.synthetic = [&] {
     Progress p("generating weights");
     return make_layer(b.preset, b.group, b.scale_dtype, o.seed, &Progress::callback, &p);
@@ -159,15 +161,21 @@ void generate_and_pack(const BenchOptions& o, BenchLayer& b) {
   PackOptions po;
   po.group_size = b.group;
   po.gate_up_layout = lw.gate_up_layout;
+  po.experts = parallel.local_experts(b.preset.experts);
   Progress p("packing");
   b.experts = PackedExperts::pack(lw, po);
 }
 
 // Opens --packed (timed), checks the options, then generates and packs the synthetic weights
 // (timed together) when there is no file.
-BenchLayer prepare_layer(const BenchOptions& o) {
+BenchLayer prepare_layer(const BenchOptions& o, const Parallel& parallel) {
   BenchLayer b;
   b.from_file = !o.packed.empty();
+  if (b.from_file && parallel.on())
+    throw Error(
+        "--packed: expected no packed file with --expert-parallel (each process packs "
+        "its share of the preset's experts), got '" +
+        o.packed + "'");
   if (b.from_file) {
     const auto load_start = std::chrono::steady_clock::now();
     b.experts = PackedExperts::open(o.packed, o.skip_checksum);
@@ -187,7 +195,7 @@ BenchLayer prepare_layer(const BenchOptions& o) {
   if (b.from_file && f.meta.has_params) b.params = f.meta.params;
   if (!b.from_file) {
     const auto pack_start = std::chrono::steady_clock::now();
-    generate_and_pack(o, b);
+    generate_and_pack(o, b, parallel);
     b.pack_s = seconds_since(pack_start);
   }
   b.expert_bytes =
@@ -372,10 +380,177 @@ void print_text(const BenchOptions& o, const Figures& f, int threads,
       f.memory_s * 1e3, f.compute_s * 1e3, f.roofline_s * 1e3, 100.0 * f.roofline_s / f.med_s);
 }
 
+// ---- --expert-parallel: the layer over the processes of an mpirun ----
+
+// This process's rows [first, first + count) of a [T, cols] tensor.
+TensorView rows_of(const TensorView& v, int64_t first, int64_t count) {
+  const size_t row = static_cast<size_t>(v.stride()) * dtype_bytes(v.dtype);
+  return TensorView::of(static_cast<const uint8_t*>(v.data) + static_cast<size_t>(first) * row,
+                        v.dtype, {count, v.shape[1]}, v.row_stride);
+}
+
+// Per timed run, over the processes: the slowest process's time, and this process's
+// communication time and bytes.
+struct ParallelTimings {
+  std::vector<double> times_s, comm_s, sent, received;
+};
+
+ParallelTimings time_parallel_runs(const BenchLayer& b, const std::vector<Routing>& routings,
+                                   int repeat, Parallel& parallel, const RunForward& run) {
+  ParallelTimings t;
+  run(routings[1]);  // warm-up: threads, scratch, the communicator's buffers
+  for (int r = 0; r < repeat; ++r) {
+    flush_from_caches(b.experts.w13.data(), b.experts.w13.size());  // cold weights
+    flush_from_caches(b.experts.w2.data(), b.experts.w2.size());
+    parallel.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    run(routings[static_cast<size_t>(r + 1)]);
+    t.times_s.push_back(parallel.max_over_processes(seconds_since(t0)));
+    t.comm_s.push_back(parallel.max_over_processes(parallel.comm_seconds()));
+    t.sent.push_back(parallel.max_over_processes(static_cast<double>(parallel.bytes_sent())));
+    t.received.push_back(
+        parallel.max_over_processes(static_cast<double>(parallel.bytes_received())));
+  }
+  return t;
+}
+
+// The check of an expert-parallel run on process 0: its output (all processes' rows) against
+// the reference, and against forward() on one process with all the experts.
+struct ParallelCheck {
+  CheckResult reference;
+  double one_process_rel_err = 0.0;
+};
+constexpr double kOneProcessBound = 1e-5;  // f32 summation order (bf16 results: 1e-2)
+
+ParallelCheck check_parallel(const BenchLayer& b, const BenchOptions& o, const Input& x,
+                             const Routing& routing, const OutputTensor& mine, Parallel& parallel,
+                             Context& ctx, const RunForward& run) {
+  run(routing);
+  const std::vector<uint8_t> all =
+      parallel.gather_rows({reinterpret_cast<const uint8_t*>(mine.storage.data()), mine.bytes});
+  ParallelCheck c;
+  if (parallel.rank() != 0) return c;
+  const int64_t T = o.tokens, H = b.preset.hidden, K = b.preset.top_k;
+  std::vector<float> got(static_cast<size_t>(T * H));
+  for (size_t i = 0; i < got.size(); ++i)
+    got[i] = detail::load_float(all.data(), b.x_dtype, static_cast<int64_t>(i));
+  c.reference = check_against_reference(b.synthetic, x, routing, got, T, b.params);
+  // one process, all experts
+  const LogicalWeights lw = b.synthetic.view();
+  PackOptions po;
+  po.group_size = b.group;
+  po.gate_up_layout = lw.gate_up_layout;
+  const PackedExperts full = PackedExperts::pack(lw, po);
+  OutputTensor one(b.x_dtype, T, H);
+  forward(ctx, TensorView::of(x.data(), b.x_dtype, {T, H}),
+          TensorView::of(routing.ids.data(), DType::i32, {T, K}),
+          TensorView::of(routing.weights.data(), DType::f32, {T, K}), full.w13, full.w2, b.params,
+          one.view);
+  double top = 0, err = 0;
+  for (int64_t i = 0; i < T * H; ++i) {
+    const double want = detail::load_float(one.view.data, b.x_dtype, i);
+    top = std::max(top, std::abs(want));
+    err = std::max(err, std::abs(static_cast<double>(got[static_cast<size_t>(i)]) - want));
+  }
+  c.one_process_rel_err = top > 0 ? err / top : 0.0;
+  return c;
+}
+
+double one_process_bound(const BenchOptions& o, const BenchLayer& b) {
+  if (o.execution.ep_results == "bf16") return 1e-2;
+  return b.x_dtype == DType::f32 ? kOneProcessBound : 1e-2;
+}
+
+int bench_parallel(const BenchOptions& o, const BenchLayer& b, Parallel& parallel) {
+  const int64_t T = o.tokens, H = b.preset.hidden, E = b.preset.experts, K = b.preset.top_k;
+  Input x{b.x_dtype, make_activations(T, H, o.seed), {}};
+  if (b.x_dtype != DType::f32) x.half = to_half(x.f32, b.x_dtype);
+  const TensorView xv = TensorView::of(x.data(), b.x_dtype, {T, H});
+  Context ctx = make_context(o.execution);
+  const std::string kernel_set = active_kernel_set();
+  const bool report = parallel.rank() == 0;
+  if (!o.json && report) print_header(o, b, ctx, kernel_set);
+  parallel.setup(E, b.experts.w13, b.experts.w2, K, b.params);
+  const auto [t0, n] = parallel.token_run(T);
+  OutputTensor mine(b.x_dtype, n, H);
+  std::vector<Routing> routings;
+  for (int r = 0; r <= o.repeat; ++r)
+    routings.push_back(
+        make_routing(T, E, K, o.routing == "skewed", o.seed + 1000u * static_cast<unsigned>(r)));
+  const RunForward run = [&, t0 = t0, n = n](const Routing& rt) {
+    parallel.forward(
+        ctx, rows_of(xv, t0, n), rows_of(TensorView::of(rt.ids.data(), DType::i32, {T, K}), t0, n),
+        rows_of(TensorView::of(rt.weights.data(), DType::f32, {T, K}), t0, n), mine.view);
+  };
+  ParallelCheck check;
+  if (b.check) {
+    check = check_parallel(b, o, x, routings[0], mine, parallel, ctx, run);
+    if (!o.json && report) {
+      print_check(check.reference, T);
+      std::printf(
+          "check: against forward() on one process with every expert: max rel err %.2e "
+          "(%s, bound %.0e)\n",
+          check.one_process_rel_err,
+          check.one_process_rel_err <= one_process_bound(o, b) ? "ok" : "FAILED",
+          one_process_bound(o, b));
+    }
+  }
+  const ParallelTimings t = time_parallel_runs(b, routings, o.repeat, parallel, run);
+  const double med = median(t.times_s), comm = median(t.comm_s);
+  const double sent = median(t.sent), received = median(t.received);
+  if (report && o.json) {
+    nlohmann::json j;
+    j["preset"] = b.preset.name;
+    j["tokens"] = T;
+    j["threads"] = ctx.threads();
+    j["group"] = b.group;
+    j["dtype"] = dtype_name(b.x_dtype);
+    j["kernel_set"] = kernel_set;
+    j["expert_parallel"] = parallel.way();
+    j["processes"] = parallel.ranks();
+    j["ep_results"] = o.execution.ep_results;
+    j["repeat"] = o.repeat;
+    j["median_ms"] = med * 1e3;
+    j["min_ms"] = *std::min_element(t.times_s.begin(), t.times_s.end()) * 1e3;
+    j["comm_ms"] = comm * 1e3;
+    j["comm_fraction"] = comm / med;
+    j["bytes_sent_per_process"] = sent;
+    j["bytes_received_per_process"] = received;
+    if (b.check) {
+      j["check_max_rel_err"] = check.reference.max_rel_err;
+      j["one_process_max_rel_err"] = check.one_process_rel_err;
+    }
+    std::printf("%s\n", j.dump().c_str());
+  } else if (report) {
+    std::printf("expert-parallel %s over %d processes (%d threads each, %s results)\n",
+                parallel.way().c_str(), parallel.ranks(), ctx.threads(),
+                o.execution.ep_results.c_str());
+    std::printf(
+        "forward: median %.3f ms (min %.3f ms, %d runs; the slowest process), %.1f "
+        "tokens/s\n",
+        med * 1e3, *std::min_element(t.times_s.begin(), t.times_s.end()) * 1e3, o.repeat,
+        static_cast<double>(T) / med);
+    std::printf(
+        "  communication %.3f ms = %.1f%% of the forward; sent %.3f MB, received %.3f MB "
+        "per process (most loaded)\n",
+        comm * 1e3, 100.0 * comm / med, sent / 1e6, received / 1e6);
+  }
+  const bool failed = b.check && report &&
+                      (!(check.reference.max_rel_err <= kCheckBound) ||
+                       !(check.one_process_rel_err <= one_process_bound(o, b)));
+  if (parallel.max_over_processes(failed ? 1.0 : 0.0) > 0) {
+    if (report) std::fprintf(stderr, "w4a8moe bench: the correctness check failed\n");
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int bench_command(const BenchOptions& o) {
-  const BenchLayer b = prepare_layer(o);
+  Parallel parallel(o.execution);
+  const BenchLayer b = prepare_layer(o, parallel);
+  if (parallel.on()) return bench_parallel(o, b, parallel);
   const int64_t T = o.tokens, H = b.preset.hidden, E = b.preset.experts, K = b.preset.top_k;
 
   Input x{b.x_dtype, make_activations(T, H, o.seed), {}};

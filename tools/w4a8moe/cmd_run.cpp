@@ -4,11 +4,13 @@
 // file written by `w4a8moe pack` after checking they are the case's), runs forward() and writes
 // `out` [T, H] in the dtype of x, with the kernel set and the thread count in the metadata.
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 #include "io/safetensors.hpp"
 #include "w4a8moe/commands.hpp"
 #include "w4a8moe/forward_parts.hpp"
+#include "w4a8moe/parallel.hpp"
 #include "w4a8moe/w4a8moe.hpp"
 
 namespace w4a8moe::cli {
@@ -38,9 +40,20 @@ void check_packed_matches_case(const PackedFile& file, const io::LoadedCase& c) 
   }
 }
 
-// The experts of the case: mapped from --packed (verified to be the case's), or packed here.
-PackedExperts case_experts(const RunOptions& options, const io::LoadedCase& c) {
-  if (options.packed.empty()) return PackedExperts::pack(c.weights, c.pack_options());
+// The experts of the case: mapped from --packed (verified to be the case's), or packed here
+// (under --expert-parallel: this process's share).
+PackedExperts case_experts(const RunOptions& options, const io::LoadedCase& c,
+                           const Parallel& parallel) {
+  if (parallel.on() && !options.packed.empty())
+    throw Error(
+        "--packed: expected no packed file with --expert-parallel (each process packs "
+        "its share of the case's experts), got '" +
+        options.packed + "'");
+  if (options.packed.empty()) {
+    PackOptions po = c.pack_options();
+    po.experts = parallel.local_experts(c.weights.w13.shape[0]);
+    return PackedExperts::pack(c.weights, po);
+  }
   PackedExperts experts = PackedExperts::open(options.packed, options.skip_checksum);
   check_packed_matches_case(experts.file, c);
   return experts;
@@ -49,35 +62,67 @@ PackedExperts case_experts(const RunOptions& options, const io::LoadedCase& c) {
 // Writes `out` with the kernel set, the thread count and the activation in the metadata.
 void write_run_output(const std::string& path, const OutputTensor& out,
                       const std::string& kernel_set, const Context& context,
-                      const MoeParams& params) {
+                      const MoeParams& params, const Parallel& parallel) {
   io::SafetensorsWriter writer;
   out.add_to(writer, "out");
+  if (parallel.on()) {
+    writer.set_metadata("expert_parallel", parallel.way());
+    writer.set_metadata("processes", std::to_string(parallel.ranks()));
+  }
   writer.set_metadata("kernel_set", kernel_set);
   writer.set_metadata("threads", std::to_string(context.threads()));
   writer.set_metadata("activation", activation_name(params.activation));
   writer.write(path);
 }
 
+// Under --expert-parallel: this process's share of the forward, then out whole on process 0.
+void run_parallel(Parallel& parallel, Context& context, const io::LoadedCase& c,
+                  const PackedExperts& experts, OutputTensor& out) {
+  const int64_t K = c.topk_ids.shape[1], H = c.x.shape[1];
+  parallel.setup(c.weights.w13.shape[0], experts.w13, experts.w2, K, c.params);
+  const auto [t0, n] = parallel.token_run(c.x.shape[0]);
+  const auto rows = [&, t0 = t0, n = n](const TensorView& v) {
+    const size_t row = static_cast<size_t>(v.stride()) * dtype_bytes(v.dtype);
+    return TensorView::of(static_cast<const uint8_t*>(v.data) + static_cast<size_t>(t0) * row,
+                          v.dtype, {n, v.shape[1]}, v.row_stride);
+  };
+  OutputTensor mine(c.x.dtype, n, H);
+  parallel.forward(context, rows(c.x), rows(c.topk_ids), rows(c.topk_weights), mine.view);
+  const std::vector<uint8_t> all =
+      parallel.gather_rows({reinterpret_cast<const uint8_t*>(mine.storage.data()), mine.bytes});
+  if (parallel.rank() == 0) std::memcpy(out.storage.data(), all.data(), out.bytes);
+}
+
 }  // namespace
 
 int run_command(const RunOptions& options) {
+  Parallel parallel(options.execution);
   const io::LoadedCase c = io::load_case(options.input);
-  const PackedExperts experts = case_experts(options, c);
+  const PackedExperts experts = case_experts(options, c, parallel);
 
   Context context = make_context(options.execution);
   const int64_t tokens = c.x.shape[0];
   const int64_t hidden = c.x.shape[1];
   OutputTensor out(c.x.dtype, tokens, hidden);
-  forward(context, c.x, c.topk_ids, c.topk_weights, experts.w13, experts.w2, c.params, out.view);
+  if (parallel.on()) {
+    run_parallel(parallel, context, c, experts, out);
+    if (parallel.rank() != 0) return 0;  // process 0 writes the output
+  } else {
+    forward(context, c.x, c.topk_ids, c.topk_weights, experts.w13, experts.w2, c.params, out.view);
+  }
 
   const std::string kernel_set = options.packed.empty()
                                      ? active_kernel_set()
                                      : kernel_set_for_layout(experts.file.info().w13.layout);
-  write_run_output(options.output, out, kernel_set, context, c.params);
-  std::fprintf(stderr, "w4a8moe run: wrote out [%lld, %lld] %s to %s (kernel set %s, %d threads)\n",
-               static_cast<long long>(tokens), static_cast<long long>(hidden),
-               dtype_name(c.x.dtype), options.output.c_str(), kernel_set.c_str(),
-               context.threads());
+  write_run_output(options.output, out, kernel_set, context, c.params, parallel);
+  std::fprintf(
+      stderr, "w4a8moe run: wrote out [%lld, %lld] %s to %s (kernel set %s, %d threads%s)\n",
+      static_cast<long long>(tokens), static_cast<long long>(hidden), dtype_name(c.x.dtype),
+      options.output.c_str(), kernel_set.c_str(), context.threads(),
+      parallel.on()
+          ? (", " + parallel.way() + " over " + std::to_string(parallel.ranks()) + " processes")
+                .c_str()
+          : "");
   return 0;
 }
 

@@ -12,6 +12,9 @@ namespace w4a8moe::cli {
 // (make_context in forward_parts.hpp). An option of the forward calls themselves goes here.
 struct ExecutionOptions {
   int threads = 0;  // 0: the hardware's thread count
+  // Under mpirun: "all-reduce" or "dispatch" (parallel.hpp); empty: one process.
+  std::string expert_parallel;
+  std::string ep_results = "f32";  // dispatch: the dtype results travel back in
 };
 
 struct BenchOptions {

@@ -13,6 +13,13 @@ namespace {
 void add_execution_options(CLI::App* command, w4a8moe::cli::ExecutionOptions& options) {
   command->add_option("--threads", options.threads, "threads (0: all hardware threads)")
       ->capture_default_str();
+  command->add_option("--expert-parallel", options.expert_parallel,
+                      "under mpirun: all-reduce or dispatch; each process holds its share of "
+                      "the experts");
+  command
+      ->add_option("--ep-results", options.ep_results,
+                   "dispatch: the dtype results travel back in, f32 or bf16")
+      ->capture_default_str();
 }
 
 }  // namespace
