@@ -7,8 +7,10 @@
 #   --torch2       the pinned PyTorch 2 venv of the PyTorch 2 stage (below)
 set -euo pipefail
 
+# OpenMPI: the MPI adapter and the program's --expert-parallel (mpirun starts local processes
+# through its ssh launcher component, which wants an ssh client installed)
 packages=(g++ cmake make libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
-          libcli11-dev)
+          libcli11-dev libopenmpi-dev openmpi-bin openssh-client)
 torch2=0
 for arg in "$@"; do
   case "$arg" in
