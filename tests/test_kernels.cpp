@@ -460,6 +460,6 @@ TEST(AmxTileGemm, SoftwareModelGivesTheZmmGemmBits) {
   if (!cpu_features().avx512vnni || !cpu_features().avx512vbmi)
     GTEST_SKIP() << "the software model of the tiles needs AVX-512 VNNI and VBMI ("
                  << cpu_features().summary() << ")";
-  check_tile_gemm(detail::amxemu::gemm_tiles, "amxemu");
+  check_tile_gemm(detail::amxemu::gemm_qa8_qu4p16k8, "amxemu");
 }
 #endif

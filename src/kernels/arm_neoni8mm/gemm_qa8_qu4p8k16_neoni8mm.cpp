@@ -1,6 +1,5 @@
-// Kernel set "neoni8mm": `smmla` tiles of up to 8 activation rows x 8 output rows on layout
-// qu4_p8k16 (prefill), one activation row by `sdot` on the same layout (decode), plus the set's
-// activation; built with -march=armv8.2-a+dotprod+i8mm.
+// The neoni8mm set's GEMM: `smmla` tiles of up to 8 activation rows x 8 output rows on layout
+// qu4_p8k16 (prefill), one activation row by `sdot` on the same layout (decode).
 //
 // qu4_p8k16: panels of 8 rows; per 16 columns a chunk of 64 bytes, 16 bytes per row pair
 // (2r, 2r + 1): byte 8 * i + j holds w[2r + i][k + j] + 8 (low nibble) and w[2r + i][k + 8 + j]
@@ -12,16 +11,17 @@
 // Per 64 weights (8 output rows x 8 columns) and 8 activation rows: 2 loads (16 bytes), 4 unpack
 // ops (and, ushr), 16 `smmla` (2 per activation row), and 4 activation loads + 4 zips shared by
 // the 8 output rows of the panel.
-#if !defined(__aarch64__) || !defined(__ARM_FEATURE_MATMUL_INT8) || !defined(__ARM_FEATURE_DOTPROD)
-#error "this file must be compiled with -march=armv8.2-a+dotprod+i8mm"
-#endif
 #include <arm_neon.h>
 
 #include <cstring>
 
-#include "kernels/arm_neon/arm_kernels.hpp"
+#include "cpu/compiled_isa.hpp"
 #include "kernels/arm_neon/neon_common.hpp"
-#include "kernels/common/activation_vec.hpp"
+#include "kernels/arm_neoni8mm/neoni8mm_kernels.hpp"
+
+static_assert(
+    w4a8moe::detail::compiled_for("neoni8mm"),
+    "compile this file with the neoni8mm cluster's flags (CMakeLists.txt, src/cpu/isa.hpp)");
 
 namespace w4a8moe::detail::neoni8mm {
 
@@ -243,10 +243,6 @@ void gemm_qa8_qu4p8k16(const GemmArgs& args) {
     default:
       return run_pairs<4>(args);
   }
-}
-
-void activate(const MoeParams& params, const float* gate, const float* up, float* m, int64_t n) {
-  activate_vec(params, gate, up, m, n);
 }
 
 }  // namespace w4a8moe::detail::neoni8mm

@@ -1,13 +1,15 @@
 // AVX-512 activation quantizer: f32 row -> s8 q, recip, zero point, and per scale group
 // -8 * SUM q (the term that turns the dot product with offset weights w + 8 into SUM w * q).
-#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__)
-#error "this file must be compiled with -mavx512f -mavx512bw -mavx512vl"
-#endif
 
 #include <immintrin.h>
 
+#include "cpu/compiled_isa.hpp"
 #include "kernels/quant_params.hpp"
 #include "kernels/x86_avx512vnni/avx512vnni_kernels.hpp"
+
+static_assert(
+    w4a8moe::detail::compiled_for("avx512vnni"),
+    "compile this file with the avx512vnni cluster's flags (CMakeLists.txt, src/cpu/isa.hpp)");
 
 namespace w4a8moe::detail::avx512vnni {
 

@@ -9,18 +9,20 @@
 // cycle; `vpsrlw` and `vcvtdq2ps` on port 0 only): per group of 32 columns and M rows, 8M
 // `vpdpbusd` + 12 unpack ops + 2M for cvt and FMA + 2 for bf16 scales. M = 16 bounds the
 // `vpdpbusd` share at 128 / 174 = 74% of peak (M = 8: 68%); the tile runs near that bound.
-#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VNNI__)
-#error "this file must be compiled with -mavx512f -mavx512bw -mavx512vnni"
-#endif
 
 #include <immintrin.h>
 
 #include <cassert>
 #include <cstring>
 
+#include "cpu/compiled_isa.hpp"
 #include "kernels/common/prefetch.hpp"
 #include "kernels/x86_avx512vnni/avx512vnni_kernels.hpp"
 #include "kernels/x86_avx512vnni/load_scales_zmm.hpp"
+
+static_assert(
+    w4a8moe::detail::compiled_for("avx512vnni"),
+    "compile this file with the avx512vnni cluster's flags (CMakeLists.txt, src/cpu/isa.hpp)");
 
 namespace w4a8moe::detail::avx512vnni {
 
@@ -190,7 +192,7 @@ void run(const GemmArgs& args) {
 
 }  // namespace
 
-void gemm_qa8_qu4p16(const GemmArgs& args) {
+void gemm_qa8_qu4p16k8(const GemmArgs& args) {
   switch (args.m) {
     case 1:
       return run<1, 4>(args);

@@ -1,22 +1,21 @@
-// Kernel set "neon": baseline NEON (no dot product) on layout qu4_p8k8, plus the set's
-// activation. Widening multiplies: `smlal`/`smlal2` multiply 8 offset nibbles (w + 8, 0..15) by 8
-// s8 activations into int16 lanes, 2 products per lane per 8 columns; after a block of 32 columns
-// (8 products, |sum| <= 8 * 15 * 128 = 15360 < 32767) the lanes are widened and pairwise added
-// into int32 row sums.
+// The neon set's GEMM: baseline NEON (no dot product) on layout qu4_p8k8. Widening multiplies:
+// `smlal`/`smlal2` multiply 8 offset nibbles (w + 8, 0..15) by 8 s8 activations into int16 lanes, 2
+// products per lane per 8 columns; after a block of 32 columns (8 products, |sum| <= 8 * 15 * 128 =
+// 15360 < 32767) the lanes are widened and pairwise added into int32 row sums.
 //
 // qu4_p8k8: per 8 columns, 32 bytes: rows 0-3 then rows 4-7, 4 bytes a row; byte j holds column
 // j (low nibble) and column 4 + j (high nibble). The low nibbles of 16 bytes are 4 rows x 4
 // columns; a 32-bit broadcast of the activations' 4 columns lines up with them.
-#if !defined(__aarch64__) || !defined(__ARM_NEON)
-#error "this file must be compiled for AArch64 (NEON)"
-#endif
 #include <arm_neon.h>
 
 #include <cstring>
 
-#include "kernels/arm_neon/arm_kernels.hpp"
+#include "cpu/compiled_isa.hpp"
 #include "kernels/arm_neon/neon_common.hpp"
-#include "kernels/common/activation_vec.hpp"
+#include "kernels/arm_neon/neon_kernels.hpp"
+
+static_assert(w4a8moe::detail::compiled_for("neon"),
+              "compile this file with the neon cluster's flags (CMakeLists.txt, src/cpu/isa.hpp)");
 
 namespace w4a8moe::detail::neon {
 
@@ -110,7 +109,7 @@ void run(const GemmArgs& args) {
 
 }  // namespace
 
-void gemm_qa8_qu4p8(const GemmArgs& args) {
+void gemm_qa8_qu4p8k8(const GemmArgs& args) {
   switch (args.m) {
     case 1:
       return run<1, 2>(args);
@@ -121,10 +120,6 @@ void gemm_qa8_qu4p8(const GemmArgs& args) {
     default:
       return run<4, 1>(args);
   }
-}
-
-void activate(const MoeParams& params, const float* gate, const float* up, float* m, int64_t n) {
-  activate_vec(params, gate, up, m, n);
 }
 
 }  // namespace w4a8moe::detail::neon

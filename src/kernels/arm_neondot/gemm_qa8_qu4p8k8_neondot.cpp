@@ -1,5 +1,5 @@
-// Kernel set "neondot": `sdot` by element on layout qu4_p8k8, up to 4 activation rows (decode),
-// plus the set's activation; built with -march=armv8.2-a+dotprod.
+// The neondot set's GEMM: `sdot` by element on layout qu4_p8k8, up to 4 activation rows
+// (decode).
 //
 // qu4_p8k8: per 8 columns, 32 bytes: rows 0-3 then rows 4-7, 4 bytes a row; byte j holds column
 // j (low nibble) and column 4 + j (high nibble), as w + 8. The low nibbles of 16 bytes are 4 rows
@@ -7,14 +7,15 @@
 // lane picking the activations' 4 columns from one 16-byte load of 16 columns. Per 64 weights
 // (8 rows x 8 columns): 2 loads (16 bytes), 4 unpack ops (and, ushr) shared by the rows, and 4
 // `sdot` per activation row. The group's sum starts from the quantizer's term -8 * SUM q.
-#if !defined(__aarch64__) || !defined(__ARM_FEATURE_DOTPROD)
-#error "this file must be compiled with -march=armv8.2-a+dotprod"
-#endif
 #include <arm_neon.h>
 
-#include "kernels/arm_neon/arm_kernels.hpp"
+#include "cpu/compiled_isa.hpp"
 #include "kernels/arm_neon/neon_common.hpp"
-#include "kernels/common/activation_vec.hpp"
+#include "kernels/arm_neondot/neondot_kernels.hpp"
+
+static_assert(
+    w4a8moe::detail::compiled_for("neondot"),
+    "compile this file with the neondot cluster's flags (CMakeLists.txt, src/cpu/isa.hpp)");
 
 namespace w4a8moe::detail::neondot {
 
@@ -87,7 +88,7 @@ void run(const GemmArgs& args) {
 
 }  // namespace
 
-void gemm_qa8_qu4p8(const GemmArgs& args) {
+void gemm_qa8_qu4p8k8(const GemmArgs& args) {
   switch (args.m) {
     case 1:
       return run<1, 4>(args);
@@ -98,10 +99,6 @@ void gemm_qa8_qu4p8(const GemmArgs& args) {
     default:
       return run<4, 2>(args);
   }
-}
-
-void activate(const MoeParams& params, const float* gate, const float* up, float* m, int64_t n) {
-  activate_vec(params, gate, up, m, n);
 }
 
 }  // namespace w4a8moe::detail::neondot

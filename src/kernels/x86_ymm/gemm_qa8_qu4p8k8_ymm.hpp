@@ -1,18 +1,26 @@
-// The ymm kernel sets (avxvnni, avx2): one source, compiled once per ISA into that ISA's
-// namespace. The including file defines W4A8MOE_YMM_VNNI (1: `vpdpbusd` ymm; 0: AVX2
-// `vpmaddubsw` + `vpmaddwd`) and opens its namespace. Layout qu4_p8k8: panels of 8 rows; per
-// chunk of 8 columns one 32-byte load holds 8 rows x 8 offset nibbles (w + 8, u8), multiplied by
-// s8 activations. AVX2 needs no saturation care: u8 weights are at most 15, so a pair of
-// products is at most 2 * 15 * 128 = 3840 and two pairs added in int16 stay below 32767.
-//
-// Contents: quantize_qa8 (s8 activations + group terms), gemm_qa8_qu4p8, activate. The
-// including file includes <immintrin.h>, <array>, <cassert>, <cstring>, <utility>,
-// kernels/common/activation_vec.hpp, kernels/quant_params.hpp, kernels/common/prefetch.hpp and
-// kernels/x86_ymm/ymm_kernels.hpp (for kTileM) before opening its namespace.
+// The GEMM of the ymm kernel sets (avxvnni, avx2) on layout qu4_p8k8, written once as a template
+// on the dot product and instantiated by each set's file, compiled with that set's flags
+// (internal linkage, so the two copies never mix): kVnni true is `vpdpbusd` ymm (VEX, AVX-VNNI),
+// false AVX2's `vpmaddubsw` + `vpmaddwd`. Panels of 8 rows; per chunk of 8 columns one 32-byte
+// load holds 8 rows x 8 offset nibbles (w + 8, u8), multiplied by s8 activations. AVX2 needs no
+// saturation care: u8 weights are at most 15, so a pair of products is at most 2 * 15 * 128 =
+// 3840 and two pairs added in int16 stay below 32767.
+#pragma once
 
+#include <immintrin.h>
+
+#include <array>
+#include <cassert>
+#include <cstring>
+#include <utility>
+
+#include "kernels/common/prefetch.hpp"
+#include "kernels/kernel.hpp"
+
+namespace w4a8moe::detail {
 namespace {
 
-constexpr int64_t kPanel = 8;
+constexpr int64_t kYmmPanel = 8;
 
 inline int32_t load_i32(const void* p) {
   int32_t v;
@@ -20,74 +28,45 @@ inline int32_t load_i32(const void* p) {
   return v;
 }
 
-inline __m256i tail_mask(int64_t left) {
-  const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(left < 8 ? left : 8)), idx);
-}
-
 // acc_lo += lo * al and acc_hi += hi * ah (4-column groups per int32 lane). VNNI keeps two
 // accumulators so that twice as many `vpdpbusd` chains are in flight (latency about 5, two
 // per cycle: a chain of two per chunk would halve the rate); AVX2's chain is a 1-cycle add, so
 // it sums both into acc_lo.
+template <bool kVnni>
 inline void dot8(__m256i& acc_lo, __m256i& acc_hi, __m256i lo, __m256i al, __m256i hi, __m256i ah) {
-#if W4A8MOE_YMM_VNNI
-  acc_lo = _mm256_dpbusd_avx_epi32(acc_lo, lo, al);
-  acc_hi = _mm256_dpbusd_avx_epi32(acc_hi, hi, ah);
-#else
-  (void)acc_hi;
-  const __m256i pairs =
-      _mm256_add_epi16(_mm256_maddubs_epi16(lo, al), _mm256_maddubs_epi16(hi, ah));
-  acc_lo = _mm256_add_epi32(acc_lo, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-#endif
+  if constexpr (kVnni) {
+    acc_lo = _mm256_dpbusd_avx_epi32(acc_lo, lo, al);
+    acc_hi = _mm256_dpbusd_avx_epi32(acc_hi, hi, ah);
+  } else {
+    (void)acc_hi;
+    const __m256i pairs =
+        _mm256_add_epi16(_mm256_maddubs_epi16(lo, al), _mm256_maddubs_epi16(hi, ah));
+    acc_lo = _mm256_add_epi32(acc_lo, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+  }
 }
 
-inline __m256 load_scales(const uint8_t* base, w4a8moe::DType dtype, int64_t index) {
+inline __m256 load_scales_ymm(const uint8_t* base, DType dtype, int64_t index) {
   switch (dtype) {
-    case w4a8moe::DType::bf16:
+    case DType::bf16:
       return _mm256_castsi256_ps(_mm256_slli_epi32(
           _mm256_cvtepu16_epi32(
               _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + index * 2))),
           16));
-    case w4a8moe::DType::f16:
+    case DType::f16:
       return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base + index * 2)));
     default:
       return _mm256_loadu_ps(reinterpret_cast<const float*>(base) + index);
   }
 }
 
-inline float hmin(__m256 v) {
-  alignas(32) float t[8];
-  _mm256_store_ps(t, v);
-  float r = t[0];
-  for (int i = 1; i < 8; ++i) r = t[i] < r ? t[i] : r;
-  return r;
-}
-
-inline float hmax(__m256 v) {
-  alignas(32) float t[8];
-  _mm256_store_ps(t, v);
-  float r = t[0];
-  for (int i = 1; i < 8; ++i) r = t[i] > r ? t[i] : r;
-  return r;
-}
-
-inline int32_t hsum(__m256i v) {
-  alignas(32) int32_t t[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(t), v);
-  int32_t r = 0;
-  for (int i = 0; i < 8; ++i) r += t[i];
-  return r;
-}
-
 // Output rows [n0, n0 + 8 * NP) of the padded row space. kChunks: chunks of 8 columns per scale
 // group when known at compile time (4: group 32, fully unrolled), else 0 (read from the
 // geometry).
-template <int M, int NP, int kChunks>
-void tile(const w4a8moe::detail::GemmArgs& args, int64_t n0, Prefetcher& pf) {
-  using namespace w4a8moe::detail;
+template <bool kVnni, int M, int NP, int kChunks>
+void ymm_tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
   const Geometry& g = *args.geometry;
-  const int64_t panel_bytes = kPanel * g.row_weight_bytes;
-  const int64_t first_panel = n0 / kPanel;
+  const int64_t panel_bytes = kYmmPanel * g.row_weight_bytes;
+  const int64_t first_panel = n0 / kYmmPanel;
   const uint8_t* w = args.expert + g.weights_offset + first_panel * panel_bytes;
   const uint8_t* scales = args.expert + g.scales_offset;
   const int64_t chunks_per_group = kChunks > 0 ? kChunks : g.group_len / 8;
@@ -101,10 +80,10 @@ void tile(const w4a8moe::detail::GemmArgs& args, int64_t n0, Prefetcher& pf) {
   // and its f32 sums live in an L1-resident array (the FMA takes its addend from memory, so no
   // vector ALU op is added): the ymm registers then go to the int32 sums of up to kTileM rows,
   // each unpacked weight register serving all of them.
-  constexpr bool kSplit = W4A8MOE_YMM_VNNI && M * NP < 6;
+  constexpr bool kSplit = kVnni && M * NP < 6;
   constexpr bool kSumsInMemory = M * NP >= 6;
   __m256 facc[kSumsInMemory ? 1 : M][NP];
-  alignas(32) float fmem[kSumsInMemory ? M : 1][NP][kPanel];
+  alignas(32) float fmem[kSumsInMemory ? M : 1][NP][kYmmPanel];
   __m256i iacc[M][NP] = {};
   for (int m = 0; m < M; ++m)
     for (int p = 0; p < NP; ++p) {
@@ -141,9 +120,9 @@ void tile(const w4a8moe::detail::GemmArgs& args, int64_t n0, Prefetcher& pf) {
         const __m256i ah = _mm256_set1_epi32(load_i32(q[m] + k + 4));
         for (int p = 0; p < NP; ++p) {
           if constexpr (kSplit)
-            dot8(iacc[m][p], hacc[m][p], lo[p], al, hi[p], ah);
+            dot8<kVnni>(iacc[m][p], hacc[m][p], lo[p], al, hi[p], ah);
           else
-            dot8(iacc[m][p], iacc[m][p], lo[p], al, hi[p], ah);
+            dot8<kVnni>(iacc[m][p], iacc[m][p], lo[p], al, hi[p], ah);
         }
       }
     };
@@ -160,7 +139,7 @@ void tile(const w4a8moe::detail::GemmArgs& args, int64_t n0, Prefetcher& pf) {
     if (!channelwise) {
       for (int p = 0; p < NP; ++p) {
         const __m256 s =
-            load_scales(scales, g.scale_dtype, ((first_panel + p) * g.groups + b) * kPanel);
+            load_scales_ymm(scales, g.scale_dtype, ((first_panel + p) * g.groups + b) * kYmmPanel);
         for (int m = 0; m < M; ++m) {
           if constexpr (kSumsInMemory)
             _mm256_store_ps(fmem[m][p], _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[m][p]), s,
@@ -176,13 +155,13 @@ void tile(const w4a8moe::detail::GemmArgs& args, int64_t n0, Prefetcher& pf) {
   for (int p = 0; p < NP; ++p) {
     const __m256 bias =
         g.has_bias ? _mm256_loadu_ps(reinterpret_cast<const float*>(args.expert + g.bias_offset) +
-                                     n0 + p * kPanel)
+                                     n0 + p * kYmmPanel)
                    : _mm256_setzero_ps();
-    float* out = args.c + (n0 - args.n_begin) + p * kPanel;
+    float* out = args.c + (n0 - args.n_begin) + p * kYmmPanel;
     if (channelwise) {
       const __m256i wsum =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + p * kPanel * 4));
-      const __m256 s = load_scales(scales, g.scale_dtype, (first_panel + p) * kPanel);
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + p * kYmmPanel * 4));
+      const __m256 s = load_scales_ymm(scales, g.scale_dtype, (first_panel + p) * kYmmPanel);
       for (int m = 0; m < M; ++m) {
         const __m256i exact =
             _mm256_sub_epi32(iacc[m][p], _mm256_mullo_epi32(wsum, _mm256_set1_epi32(args.a[m].zp)));
@@ -191,7 +170,7 @@ void tile(const w4a8moe::detail::GemmArgs& args, int64_t n0, Prefetcher& pf) {
                          _mm256_fmadd_ps(rs, _mm256_cvtepi32_ps(exact), bias));
       }
     } else {
-      const __m256 zsum = _mm256_loadu_ps(reinterpret_cast<const float*>(corr) + p * kPanel);
+      const __m256 zsum = _mm256_loadu_ps(reinterpret_cast<const float*>(corr) + p * kYmmPanel);
       for (int m = 0; m < M; ++m) {
         __m256 sum;
         if constexpr (kSumsInMemory)
@@ -207,89 +186,41 @@ void tile(const w4a8moe::detail::GemmArgs& args, int64_t n0, Prefetcher& pf) {
   }
 }
 
-template <int M, int NP, int kChunks>
-void run_chunks(const w4a8moe::detail::GemmArgs& args) {
+template <bool kVnni, int M, int NP, int kChunks>
+void ymm_run_chunks(const GemmArgs& args) {
   for (int m = 0; m < M; ++m)
     assert(reinterpret_cast<const uint8_t*>(args.a[m].group_terms) ==
            static_cast<const uint8_t*>(args.a[m].data) + args.geometry->cols_padded);
   Prefetcher pf(args);
   int64_t n = args.n_begin;
-  for (; n + NP * kPanel <= args.n_end; n += NP * kPanel) tile<M, NP, kChunks>(args, n, pf);
-  for (; n < args.n_end; n += kPanel) tile<M, 1, kChunks>(args, n, pf);
+  for (; n + NP * kYmmPanel <= args.n_end; n += NP * kYmmPanel)
+    ymm_tile<kVnni, M, NP, kChunks>(args, n, pf);
+  for (; n < args.n_end; n += kYmmPanel) ymm_tile<kVnni, M, 1, kChunks>(args, n, pf);
 }
 
-template <int M, int NP>
-void run(const w4a8moe::detail::GemmArgs& args) {
+template <bool kVnni, int M, int NP>
+void ymm_run(const GemmArgs& args) {
   // Group 32 (the common case, where the per-group work weighs most) gets a fully unrolled
   // group body; other group sizes and channelwise scales loop over their chunks.
   if (args.geometry->group_size == 32)
-    run_chunks<M, NP, 4>(args);
+    ymm_run_chunks<kVnni, M, NP, 4>(args);
   else
-    run_chunks<M, NP, 0>(args);
-}
-
-}  // namespace
-
-void quantize_qa8(const QuantizeArgs& args) {
-  const float* a = args.src;
-  const int64_t cols = args.cols;
-  __m256 vmin = _mm256_setzero_ps(), vmax = _mm256_setzero_ps();
-  int finite = 1;
-  for (int64_t k = 0; k < cols; k += 8) {
-    const __m256 v = _mm256_maskload_ps(a + k, tail_mask(cols - k));  // masked lanes read as 0
-    const __m256 d = _mm256_sub_ps(v, v);
-    finite &= _mm256_movemask_ps(_mm256_cmp_ps(d, _mm256_setzero_ps(), _CMP_EQ_OQ)) == 0xff;
-    vmin = _mm256_min_ps(vmin, v);
-    vmax = _mm256_max_ps(vmax, v);
-  }
-  const RowQuantParams p = row_quant_params(hmin(vmin), hmax(vmax), finite != 0);
-  auto* q = static_cast<int8_t*>(args.dst);
-  const int64_t groups = args.cols_padded / args.group_len;
-  auto* terms = reinterpret_cast<int32_t*>(q + args.cols_padded);
-  const __m256 scale = _mm256_set1_ps(p.scale);
-  const __m256i zp = _mm256_set1_epi32(p.zp);
-  const __m256 half = _mm256_set1_ps(0.49999997f);
-  const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN));
-  const __m256i pick = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
-  for (int64_t b = 0; b < groups; ++b) {
-    __m256i sum = _mm256_setzero_si256();
-    for (int64_t k = b * args.group_len; k < (b + 1) * args.group_len; k += 8) {
-      __m256i qi = zp;
-      if (p.finite && k < cols) {
-        const __m256i m = tail_mask(cols - k);
-        const __m256 v = _mm256_mul_ps(_mm256_maskload_ps(a + k, m), scale);
-        const __m256 bias = _mm256_or_ps(half, _mm256_and_ps(v, sign));
-        qi = _mm256_add_epi32(_mm256_cvttps_epi32(_mm256_add_ps(v, bias)), zp);
-        qi =
-            _mm256_max_epi32(_mm256_min_epi32(qi, _mm256_set1_epi32(127)), _mm256_set1_epi32(-128));
-        qi = _mm256_blendv_epi8(zp, qi, m);
-      }
-      sum = _mm256_add_epi32(sum, qi);
-      const __m256i w16 = _mm256_packs_epi32(qi, qi);  // 8 values fit int8: packs do not clip
-      const __m256i w8 = _mm256_packs_epi16(w16, w16);
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(q + k),
-                       _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(w8, pick)));
-    }
-    terms[b] = -8 * hsum(sum);
-  }
-  args.row->data = q;
-  args.row->recip = p.recip;
-  args.row->zp = p.zp;
-  args.row->group_terms = terms;
+    ymm_run_chunks<kVnni, M, NP, 0>(args);
 }
 
 // One instantiation per row count: 1 and 2 rows take two panels per tile (more independent
 // chains), the others one.
-template <int... Ms>
-constexpr std::array<GemmFn, sizeof...(Ms)> gemm_table(std::integer_sequence<int, Ms...>) {
-  return {(Ms + 1 <= 2 ? &run<Ms + 1, 2> : &run<Ms + 1, 1>)...};
+template <bool kVnni, int... Ms>
+constexpr std::array<GemmFn, sizeof...(Ms)> ymm_gemm_table(std::integer_sequence<int, Ms...>) {
+  return {(Ms + 1 <= 2 ? &ymm_run<kVnni, Ms + 1, 2> : &ymm_run<kVnni, Ms + 1, 1>)...};
 }
 
-void gemm_qa8_qu4p8(const GemmArgs& args) {
-  static constexpr auto kTable = gemm_table(std::make_integer_sequence<int, kTileM>());
+// The GEMM of a set with up to kTileM rows per call.
+template <bool kVnni, int kTileM>
+void gemm_qa8_qu4p8k8_ymm(const GemmArgs& args) {
+  static constexpr auto kTable = ymm_gemm_table<kVnni>(std::make_integer_sequence<int, kTileM>());
   kTable[static_cast<size_t>(args.m - 1)](args);
 }
 
-void activate(const MoeParams& params, const float* gate, const float* up, float* m, int64_t n) {
-  activate_vec(params, gate, up, m, n);
-}
+}  // namespace
+}  // namespace w4a8moe::detail
