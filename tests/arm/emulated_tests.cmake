@@ -43,7 +43,7 @@ set(W4A8MOE_ARM_ONE "SpecialRows.*")
 w4a8moe_emulated_suite(neondot cortex-a53 "${W4A8MOE_ARM_ONE}")
 w4a8moe_emulated_suite(neoni8mm neoverse-n1 "${W4A8MOE_ARM_ONE}")
 foreach(cpu cortex-a53 neoverse-n1)
-  gtest_discover_tests(w4a8moe_kernel_tests DISCOVERY_TIMEOUT 300 TEST_PREFIX "${cpu}."
+  gtest_discover_tests(w4a8moe_kernel_tests DISCOVERY_TIMEOUT 300 TEST_PREFIX "${cpu}." NO_PRETTY_VALUES
                        PROPERTIES ENVIRONMENT_MODIFICATION "QEMU_CPU=set:${cpu}")
 endforeach()
 
