@@ -13,6 +13,7 @@
 #include "cpu/compiled_isa.hpp"
 #include "kernels/arm_neon/neon_common.hpp"
 #include "kernels/arm_neon/neon_kernels.hpp"
+#include "kernels/common/gemm_rows.hpp"
 
 static_assert(w4a8moe::detail::compiled_for("neon"),
               "compile this file with the neon cluster's flags (CMakeLists.txt, src/cpu/isa.hpp)");
@@ -48,18 +49,10 @@ void tile(const GemmArgs& args, int64_t n0) {
   for (int m = 0; m < M; ++m) q[m] = static_cast<const int8_t*>(args.a[m].data);
   float32x4_t facc[M][NP][2];
   int32x4_t sum[M][NP][2];  // rows 0-3 and 4-7 of each panel
-  for (int m = 0; m < M; ++m)
-    for (int p = 0; p < NP; ++p)
-      for (int h = 0; h < 2; ++h) {
-        facc[m][p][h] = vdupq_n_f32(0.0f);
-        sum[m][p][h] = vdupq_n_s32(0);
-      }
+  zero_sums<M, NP>(sum, facc);
 
   for (int64_t b = 0; b < g.groups; ++b) {
-    for (int m = 0; m < M; ++m) {
-      const int32x4_t term = vdupq_n_s32(args.a[m].group_terms[b]);
-      for (int p = 0; p < NP; ++p) sum[m][p][0] = sum[m][p][1] = term;
-    }
+    start_group<M, NP>(args, b, sum);
     for (int64_t k0 = b * g.group_len; k0 < (b + 1) * g.group_len; k0 += 32) {
       int16x8_t acc[M][NP][4];  // rows 0-1, 2-3, 4-5, 6-7
       for (int m = 0; m < M; ++m)
@@ -100,26 +93,18 @@ void tile(const GemmArgs& args, int64_t n0) {
   store_tile<M, NP>(args, n0, sum, facc);
 }
 
-template <int M, int NP>
+// 1 row: two panels per tile (more independent chains); more rows: one.
+template <int M>
 void run(const GemmArgs& args) {
-  int64_t n = args.n_begin;
-  for (; n + NP * kPanel <= args.n_end; n += NP * kPanel) tile<M, NP>(args, n);
-  for (; n < args.n_end; n += kPanel) tile<M, 1>(args, n);
+  for_each_panel_tile<kPanel, M == 1 ? 2 : 1>(args,
+                                              [&]<int NP>(int64_t n0) { tile<M, NP>(args, n0); });
 }
 
 }  // namespace
 
 void gemm_qa8_qu4p8k8(const GemmArgs& args) {
-  switch (args.m) {
-    case 1:
-      return run<1, 2>(args);
-    case 2:
-      return run<2, 1>(args);
-    case 3:
-      return run<3, 1>(args);
-    default:
-      return run<4, 1>(args);
-  }
+  static constexpr auto kByRows = gemm_by_rows<kTileM>([]<int M>() -> GemmFn { return run<M>; });
+  kByRows[static_cast<size_t>(args.m - 1)](args);
 }
 
 }  // namespace w4a8moe::detail::neon

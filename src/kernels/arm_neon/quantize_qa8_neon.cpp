@@ -74,10 +74,7 @@ void quantize_qa8(const QuantizeArgs& args) {
     }
     terms[b] = -8 * vaddvq_s32(sum);
   }
-  args.row->data = q;
-  args.row->recip = p.recip;
-  args.row->zp = p.zp;
-  args.row->group_terms = terms;
+  publish_row(args, q, p, terms);
 }
 
 }  // namespace w4a8moe::detail::neon

@@ -18,6 +18,7 @@
 #include "cpu/compiled_isa.hpp"
 #include "kernels/arm_neon/neon_common.hpp"
 #include "kernels/arm_neoni8mm/neoni8mm_kernels.hpp"
+#include "kernels/common/gemm_rows.hpp"
 
 static_assert(
     w4a8moe::detail::compiled_for("neoni8mm"),
@@ -226,12 +227,9 @@ void run_pairs(const GemmArgs& args) {
 
 void gemm_qa8_qu4p8k16(const GemmArgs& args) {
   switch (args.m) {
-    case 1: {
-      int64_t n = args.n_begin;
-      for (; n + 2 * kPanel <= args.n_end; n += 2 * kPanel) tile_row<2>(args, n);
-      for (; n < args.n_end; n += kPanel) tile_row<1>(args, n);
-      return;
-    }
+    case 1:
+      return for_each_panel_tile<kPanel, 2>(args,
+                                            [&]<int NP>(int64_t n0) { tile_row<NP>(args, n0); });
     case 2:
       return run_pairs<1>(args);
     case 3:

@@ -19,30 +19,6 @@ inline __m256i tail_mask(int64_t left) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(left < 8 ? left : 8)), idx);
 }
 
-inline float hmin(__m256 v) {
-  alignas(32) float t[8];
-  _mm256_store_ps(t, v);
-  float r = t[0];
-  for (int i = 1; i < 8; ++i) r = t[i] < r ? t[i] : r;
-  return r;
-}
-
-inline float hmax(__m256 v) {
-  alignas(32) float t[8];
-  _mm256_store_ps(t, v);
-  float r = t[0];
-  for (int i = 1; i < 8; ++i) r = t[i] > r ? t[i] : r;
-  return r;
-}
-
-inline int32_t hsum(__m256i v) {
-  alignas(32) int32_t t[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(t), v);
-  int32_t r = 0;
-  for (int i = 0; i < 8; ++i) r += t[i];
-  return r;
-}
-
 }  // namespace
 
 void quantize_qa8(const QuantizeArgs& args) {
@@ -57,7 +33,10 @@ void quantize_qa8(const QuantizeArgs& args) {
     vmin = _mm256_min_ps(vmin, v);
     vmax = _mm256_max_ps(vmax, v);
   }
-  const RowQuantParams p = row_quant_params(hmin(vmin), hmax(vmax), finite != 0);
+  alignas(32) float lo[8], hi[8];
+  _mm256_store_ps(lo, vmin);
+  _mm256_store_ps(hi, vmax);
+  const RowQuantParams p = row_quant_params(min_of(lo), max_of(hi), finite != 0);
   auto* q = static_cast<int8_t*>(args.dst);
   const int64_t groups = args.cols_padded / args.group_len;
   auto* terms = reinterpret_cast<int32_t*>(q + args.cols_padded);
@@ -85,12 +64,11 @@ void quantize_qa8(const QuantizeArgs& args) {
       _mm_storel_epi64(reinterpret_cast<__m128i*>(q + k),
                        _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(w8, pick)));
     }
-    terms[b] = -8 * hsum(sum);
+    alignas(32) int32_t lanes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), sum);
+    terms[b] = -8 * sum_of(lanes);
   }
-  args.row->data = q;
-  args.row->recip = p.recip;
-  args.row->zp = p.zp;
-  args.row->group_terms = terms;
+  publish_row(args, q, p, terms);
 }
 
 }  // namespace w4a8moe::detail::avx2

@@ -9,11 +9,10 @@
 
 #include <immintrin.h>
 
-#include <array>
 #include <cassert>
 #include <cstring>
-#include <utility>
 
+#include "kernels/common/gemm_rows.hpp"
 #include "kernels/common/prefetch.hpp"
 #include "kernels/kernel.hpp"
 
@@ -192,10 +191,8 @@ void ymm_run_chunks(const GemmArgs& args) {
     assert(reinterpret_cast<const uint8_t*>(args.a[m].group_terms) ==
            static_cast<const uint8_t*>(args.a[m].data) + args.geometry->cols_padded);
   Prefetcher pf(args);
-  int64_t n = args.n_begin;
-  for (; n + NP * kYmmPanel <= args.n_end; n += NP * kYmmPanel)
-    ymm_tile<kVnni, M, NP, kChunks>(args, n, pf);
-  for (; n < args.n_end; n += kYmmPanel) ymm_tile<kVnni, M, 1, kChunks>(args, n, pf);
+  for_each_panel_tile<kYmmPanel, NP>(
+      args, [&]<int P>(int64_t n0) { ymm_tile<kVnni, M, P, kChunks>(args, n0, pf); });
 }
 
 template <bool kVnni, int M, int NP>
@@ -208,18 +205,13 @@ void ymm_run(const GemmArgs& args) {
     ymm_run_chunks<kVnni, M, NP, 0>(args);
 }
 
-// One instantiation per row count: 1 and 2 rows take two panels per tile (more independent
-// chains), the others one.
-template <bool kVnni, int... Ms>
-constexpr std::array<GemmFn, sizeof...(Ms)> ymm_gemm_table(std::integer_sequence<int, Ms...>) {
-  return {(Ms + 1 <= 2 ? &ymm_run<kVnni, Ms + 1, 2> : &ymm_run<kVnni, Ms + 1, 1>)...};
-}
-
-// The GEMM of a set with up to kTileM rows per call.
+// The GEMM of a set with up to kTileM rows per call, one instantiation per row count: 1 and 2
+// rows take two panels per tile (more independent chains), the others one.
 template <bool kVnni, int kTileM>
 void gemm_qa8_qu4p8k8_ymm(const GemmArgs& args) {
-  static constexpr auto kTable = ymm_gemm_table<kVnni>(std::make_integer_sequence<int, kTileM>());
-  kTable[static_cast<size_t>(args.m - 1)](args);
+  static constexpr auto kByRows =
+      gemm_by_rows<kTileM>([]<int M>() -> GemmFn { return ymm_run < kVnni, M, M <= 2 ? 2 : 1 > ; });
+  kByRows[static_cast<size_t>(args.m - 1)](args);
 }
 
 }  // namespace
