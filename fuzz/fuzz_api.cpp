@@ -15,10 +15,12 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "fuzz_common.hpp"
+#include "registry.hpp"
 
 namespace {
 
@@ -238,8 +240,10 @@ void fuzz_pack(Reader& r) {
   o.gate_up_layout = static_cast<GateUpLayout>(layout < 240 ? layout % 2 : layout);
   const uint8_t storage = r.u8();
   o.scale_storage = static_cast<ScaleStorage>(storage < 240 ? storage % 2 : storage);
-  static const char* kSets[] = {"", "", "", "scalar", "avx2", "avx512vnni", "neon", "bogus"};
-  o.kernel_set = kSets[r.u8() % 8];
+  // the active set three times in n, then each set of the registry's table, then an unknown name
+  const std::span<const detail::KernelSet> sets = detail::kernel_table();
+  const size_t pick = r.u8() % (sets.size() + 4);
+  o.kernel_set = pick < 3 ? "" : pick - 3 < sets.size() ? sets[pick - 3].name : "bogus";
   o.memory_limit = kLimit;
   if (skip) return;
   const PackedWeights p = w13 ? pack_w13(w, s, bias, o) : pack_w2(w, s, bias, o);

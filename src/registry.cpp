@@ -9,35 +9,19 @@
 #include "kernels/ref/ref_kernels.hpp"
 #if defined(W4A8MOE_X86)
 #include "kernels/x86_amx/amx_kernels.hpp"
+#include "kernels/x86_avx2/avx2_kernels.hpp"
 #include "kernels/x86_avx512vnni/avx512vnni_kernels.hpp"
-#include "kernels/x86_ymm/ymm_kernels.hpp"
+#include "kernels/x86_avxvnni/avxvnni_kernels.hpp"
 #endif
 #if defined(__aarch64__)  // Arm kernel sets
-#include "kernels/arm_neon/arm_kernels.hpp"
+#include "kernels/arm_neon/neon_kernels.hpp"
+#include "kernels/arm_neondot/neondot_kernels.hpp"
+#include "kernels/arm_neoni8mm/neoni8mm_kernels.hpp"
 #endif
 
 namespace w4a8moe::detail {
 
 namespace {
-
-bool always(const CpuFeatures&) { return true; }
-[[maybe_unused]] bool has_avx512vnni(const CpuFeatures& f) {
-  return f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni && f.fma && f.f16c;
-}
-// The AMX GEMM unpacks with `vpermb` (AVX-512 VBMI, on every AMX CPU); its software model needs
-// the same vector ISA.
-[[maybe_unused]] bool has_amx_model(const CpuFeatures& f) {
-  return has_avx512vnni(f) && f.avx512vbmi;
-}
-[[maybe_unused]] bool has_amx(const CpuFeatures& f) { return has_amx_model(f) && f.amx_int8; }
-[[maybe_unused]] bool has_avxvnni(const CpuFeatures& f) {
-  return f.avxvnni && f.avx2 && f.fma && f.f16c;
-}
-[[maybe_unused]] bool has_avx2(const CpuFeatures& f) { return f.avx2 && f.fma && f.f16c; }
-// Arm: every i8mm core also has the dot product (both mandatory from Armv8.6).
-[[maybe_unused]] bool has_neon(const CpuFeatures& f) { return f.neon; }
-[[maybe_unused]] bool has_dotprod(const CpuFeatures& f) { return f.neon && f.dotprod; }
-[[maybe_unused]] bool has_i8mm(const CpuFeatures& f) { return f.neon && f.dotprod && f.i8mm; }
 
 // Best first. ISA-specific sets go above the portable one.
 constexpr KernelSet kTable[] = {
@@ -46,9 +30,9 @@ constexpr KernelSet kTable[] = {
      LayoutId::qu4_p16k8,
      kAmxTileM,
      true,
-     has_amx,
+     cluster_features("amx"),
      avx512vnni::quantize_qa8,
-     {{kAmxSmallMaxM, avx512vnni::gemm_qa8_qu4p16}, {kAmxTileM, amx::gemm_qa8_qu4p16}},
+     {{kAmxSmallMaxM, avx512vnni::gemm_qa8_qu4p16k8}, {kAmxTileM, amx::gemm_qa8_qu4p16k8}},
      avx512vnni::activate,
      amx::thread_begin,
      amx::thread_end},
@@ -56,51 +40,51 @@ constexpr KernelSet kTable[] = {
      LayoutId::qu4_p16k8,
      avx512vnni::kTileM,
      true,
-     has_avx512vnni,
+     cluster_features("avx512vnni"),
      avx512vnni::quantize_qa8,
-     {{avx512vnni::kTileM, avx512vnni::gemm_qa8_qu4p16}},
+     {{avx512vnni::kTileM, avx512vnni::gemm_qa8_qu4p16k8}},
      avx512vnni::activate},
     {"avxvnni",
      LayoutId::qu4_p8k8,
      avxvnni::kTileM,
      true,
-     has_avxvnni,
-     avxvnni::quantize_qa8,
-     {{avxvnni::kTileM, avxvnni::gemm_qa8_qu4p8}},
-     avxvnni::activate},
+     cluster_features("avxvnni"),
+     avx2::quantize_qa8,
+     {{avxvnni::kTileM, avxvnni::gemm_qa8_qu4p8k8}},
+     avx2::activate},
     {"avx2",
      LayoutId::qu4_p8k8,
      avx2::kTileM,
      true,
-     has_avx2,
+     cluster_features("avx2"),
      avx2::quantize_qa8,
-     {{avx2::kTileM, avx2::gemm_qa8_qu4p8}},
+     {{avx2::kTileM, avx2::gemm_qa8_qu4p8k8}},
      avx2::activate},
 #endif
-#if defined(__aarch64__)  // Arm kernel sets; one quantizer for the three
+#if defined(__aarch64__)  // Arm kernel sets; one quantizer and one activation for the three
     {"neoni8mm",
      LayoutId::qu4_p8k16,
      neoni8mm::kTileM,
      true,
-     has_i8mm,
+     cluster_features("neoni8mm"),
      neon::quantize_qa8,
      {{neoni8mm::kTileM, neoni8mm::gemm_qa8_qu4p8k16}},
-     neoni8mm::activate},
+     neon::activate},
     {"neondot",
      LayoutId::qu4_p8k8,
      neondot::kTileM,
      true,
-     has_dotprod,
+     cluster_features("neondot"),
      neon::quantize_qa8,
-     {{neondot::kTileM, neondot::gemm_qa8_qu4p8}},
-     neondot::activate},
+     {{neondot::kTileM, neondot::gemm_qa8_qu4p8k8}},
+     neon::activate},
     {"neon",
      LayoutId::qu4_p8k8,
      neon::kTileM,
      true,
-     has_neon,
+     cluster_features("neon"),
      neon::quantize_qa8,
-     {{neon::kTileM, neon::gemm_qa8_qu4p8}},
+     {{neon::kTileM, neon::gemm_qa8_qu4p8k8}},
      neon::activate},
 #endif
 #if defined(W4A8MOE_X86)
@@ -109,9 +93,9 @@ constexpr KernelSet kTable[] = {
      LayoutId::qu4_p16k8,
      kAmxTileM,
      true,
-     has_amx_model,
+     cluster_features("amxemu"),
      avx512vnni::quantize_qa8,
-     {{kAmxSmallMaxM, avx512vnni::gemm_qa8_qu4p16}, {kAmxTileM, amxemu::gemm_tiles}},
+     {{kAmxSmallMaxM, avx512vnni::gemm_qa8_qu4p16k8}, {kAmxTileM, amxemu::gemm_qa8_qu4p16k8}},
      avx512vnni::activate,
      amxemu::thread_begin,
      amxemu::thread_end,
@@ -121,9 +105,9 @@ constexpr KernelSet kTable[] = {
      LayoutId::qs4_b32_rowmajor,
      ref::kTileM,
      false,
-     always,
+     0,
      ref::quantize_qa8,
-     {{ref::kTileM, ref::gemm_qa8_qs4b32}},
+     {{ref::kTileM, ref::gemm_qa8_qs4b32rowmajor}},
      ref::activate},
 };
 
@@ -137,6 +121,14 @@ consteval bool tiles_fit() {
   return true;
 }
 static_assert(tiles_fit(), "a kernel set's GEMM ranges must end at its tile_m <= kMaxTileM");
+
+// Every set but the portable one requires the features of the ISA cluster named after it.
+consteval bool sets_require_their_clusters() {
+  for (const KernelSet& k : kTable)
+    if (std::string_view(k.name) != "scalar" && k.isa != cluster_features(k.name)) return false;
+  return true;
+}
+static_assert(sets_require_their_clusters(), "a kernel set must require its cluster's features");
 
 constexpr size_t kNone = ~size_t{0};
 

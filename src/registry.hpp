@@ -6,6 +6,7 @@
 #include <span>
 #include <string_view>
 
+#include "cpu/isa.hpp"
 #include "kernels/kernel.hpp"
 #include "w4a8moe/w4a8moe.hpp"
 
@@ -26,7 +27,10 @@ struct KernelSet {
   LayoutId layout;
   int64_t tile_m;    // activation rows per GEMM call at most (<= kMaxTileM)
   bool group_terms;  // the quantizer writes QuantRow::group_terms after the row
-  bool (*usable)(const CpuFeatures&);
+  // The CPU features its kernels are compiled for: those of the ISA cluster named after the set
+  // (cpu/isa.hpp; 0 for the portable set), which include those of any lower cluster whose
+  // kernels it reuses.
+  uint32_t isa;
   QuantizeFn quantize;
   // By rows per call, ascending max_m; the last covers tile_m. The GEMMs of one set give every
   // row the same bits (the kernel contract of kernel.hpp holds across them).
@@ -36,6 +40,7 @@ struct KernelSet {
   // Chosen only when the ISA cap names it (a software model of an ISA, for tests).
   bool model_only = false;
 
+  bool usable(const CpuFeatures& f) const { return cpu_has(f, isa); }
   GemmFn gemm_for(int64_t m) const {
     return gemms[1].max_m > 0 && m > gemms[0].max_m ? gemms[1].fn : gemms[0].fn;
   }

@@ -1,7 +1,7 @@
-// Kernel-level tests generated from the registry: every kernel set usable on this CPU (adding
-// a set to the table adds its tests) against the portable quantizer and a double-precision
-// evaluation of the GEMM formula, on shapes around panel and tile edges and extreme values, and
-// against exact integer sums where float can represent them.
+// Kernel-level tests generated from the registry: one suite per kernel set of the table, named by
+// the set (adding a set to the table adds its tests; a set this CPU lacks skips), against the
+// portable quantizer and a double-precision evaluation of the GEMM formula, on shapes around panel
+// and tile edges and extreme values, and against exact integer sums where float can represent them.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -27,11 +27,46 @@ using namespace w4a8moe;
 using detail::KernelSet;
 using detail::QuantRow;
 
-std::vector<const KernelSet*> usable_sets() {
+// Every test below runs once per set of the registry's table, named by the set
+// (`KernelGemm.IntegerSumsAreExactAtTheExtremes/avx2`); a set this CPU lacks skips.
+class KernelSetTest : public ::testing::TestWithParam<const KernelSet*> {
+ protected:
+  void SetUp() override {
+    if (!GetParam()->usable(cpu_features()))
+      GTEST_SKIP() << "kernel set " << GetParam()->name << " is not usable on this CPU ("
+                   << cpu_features().summary() << ")";
+  }
+};
+
+std::vector<const KernelSet*> table_sets() {
   std::vector<const KernelSet*> out;
-  for (const KernelSet& k : detail::kernel_table())
-    if (k.usable(cpu_features())) out.push_back(&k);
+  for (const KernelSet& k : detail::kernel_table()) out.push_back(&k);
   return out;
+}
+
+std::string set_name(const ::testing::TestParamInfo<const KernelSet*>& info) {
+  return info.param->name;
+}
+
+class KernelQuantize : public KernelSetTest {};
+class KernelGemm : public KernelSetTest {};
+INSTANTIATE_TEST_SUITE_P(, KernelQuantize, ::testing::ValuesIn(table_sets()), set_name);
+INSTANTIATE_TEST_SUITE_P(, KernelGemm, ::testing::ValuesIn(table_sets()), set_name);
+
+// The table lists exactly the sets the build compiles (W4A8MOE_KERNEL_SETS of CMakeLists.txt,
+// which the per-set CTest runs use).
+TEST(KernelTable, ListsTheSetsTheBuildCompiles) {
+  std::vector<std::string> built, table;
+  std::string list = W4A8MOE_KERNEL_SETS;
+  for (size_t at = 0; at != std::string::npos;) {
+    const size_t comma = list.find(',', at);
+    built.push_back(list.substr(at, comma == std::string::npos ? comma : comma - at));
+    at = comma == std::string::npos ? comma : comma + 1;
+  }
+  for (const KernelSet& k : detail::kernel_table()) table.emplace_back(k.name);
+  std::sort(built.begin(), built.end());
+  std::sort(table.begin(), table.end());
+  EXPECT_EQ(table, built);
 }
 
 // A quantized row as the driver lays it out: cols_padded bytes, then the group terms.
@@ -94,33 +129,32 @@ std::vector<float> random_row(std::mt19937& rng, int64_t n, int kind) {
   return a;
 }
 
-TEST(KernelQuantize, EverySetMatchesThePortableQuantizerExactly) {
+TEST_P(KernelQuantize, MatchesThePortableQuantizerExactly) {
   std::mt19937 rng(11);
   const KernelSet& portable = detail::kernel_table().back();  // the table ends with it
   ASSERT_STREQ(portable.name, "scalar");
-  for (const KernelSet* set : usable_sets()) {
-    for (int64_t cols : {1, 7, 8, 15, 16, 17, 31, 32, 33, 100, 768, 2049}) {
-      const int64_t padded = (cols + 31) / 32 * 32;
-      for (int64_t group_len : {int64_t{32}, padded}) {
-        if (padded % group_len != 0) continue;
-        for (int kind = 0; kind < 6; ++kind) {
-          SCOPED_TRACE(std::string(set->name) + " cols " + std::to_string(cols) + " group " +
-                       std::to_string(group_len) + " kind " + std::to_string(kind));
-          const std::vector<float> a = random_row(rng, cols, kind);
-          const QRowBuffer got = quantize(*set, a, padded, group_len);
-          const QRowBuffer want = quantize(portable, a, padded, group_len);
-          EXPECT_EQ(got.row.zp, want.row.zp);
-          EXPECT_EQ(std::memcmp(&got.row.recip, &want.row.recip, 4), 0);
-          const auto* gq = static_cast<const int8_t*>(got.row.data);
-          const auto* wq = static_cast<const int8_t*>(want.row.data);
-          for (int64_t k = 0; k < padded; ++k) ASSERT_EQ(gq[k], wq[k]) << "column " << k;
-          if (set->group_terms) {
-            ASSERT_NE(got.row.group_terms, nullptr);
-            for (int64_t b = 0; b < padded / group_len; ++b) {
-              int32_t sum = 0;
-              for (int64_t k = b * group_len; k < (b + 1) * group_len; ++k) sum += gq[k];
-              EXPECT_EQ(got.row.group_terms[b], -8 * sum) << "group " << b;
-            }
+  const KernelSet* set = GetParam();
+  for (int64_t cols : {1, 7, 8, 15, 16, 17, 31, 32, 33, 100, 768, 2049}) {
+    const int64_t padded = (cols + 31) / 32 * 32;
+    for (int64_t group_len : {int64_t{32}, padded}) {
+      if (padded % group_len != 0) continue;
+      for (int kind = 0; kind < 6; ++kind) {
+        SCOPED_TRACE(std::string(set->name) + " cols " + std::to_string(cols) + " group " +
+                     std::to_string(group_len) + " kind " + std::to_string(kind));
+        const std::vector<float> a = random_row(rng, cols, kind);
+        const QRowBuffer got = quantize(*set, a, padded, group_len);
+        const QRowBuffer want = quantize(portable, a, padded, group_len);
+        EXPECT_EQ(got.row.zp, want.row.zp);
+        EXPECT_EQ(std::memcmp(&got.row.recip, &want.row.recip, 4), 0);
+        const auto* gq = static_cast<const int8_t*>(got.row.data);
+        const auto* wq = static_cast<const int8_t*>(want.row.data);
+        for (int64_t k = 0; k < padded; ++k) ASSERT_EQ(gq[k], wq[k]) << "column " << k;
+        if (set->group_terms) {
+          ASSERT_NE(got.row.group_terms, nullptr);
+          for (int64_t b = 0; b < padded / group_len; ++b) {
+            int32_t sum = 0;
+            for (int64_t k = b * group_len; k < (b + 1) * group_len; ++k) sum += gq[k];
+            EXPECT_EQ(got.row.group_terms[b], -8 * sum) << "group " << b;
           }
         }
       }
@@ -128,17 +162,16 @@ TEST(KernelQuantize, EverySetMatchesThePortableQuantizerExactly) {
   }
 }
 
-TEST(KernelQuantize, NonFiniteRowsPoisonOnlyTheirScale) {
-  for (const KernelSet* set : usable_sets()) {
-    SCOPED_TRACE(set->name);
-    std::vector<float> a(40, 1.0f);
-    a[3] = NAN;
-    QRowBuffer b = quantize(*set, a, 64, 32);
-    EXPECT_TRUE(std::isnan(b.row.recip));
-    a[3] = INFINITY;
-    b = quantize(*set, a, 64, 32);
-    EXPECT_TRUE(std::isnan(b.row.recip));
-  }
+TEST_P(KernelQuantize, NonFiniteRowsPoisonOnlyTheirScale) {
+  const KernelSet* set = GetParam();
+  SCOPED_TRACE(set->name);
+  std::vector<float> a(40, 1.0f);
+  a[3] = NAN;
+  QRowBuffer b = quantize(*set, a, 64, 32);
+  EXPECT_TRUE(std::isnan(b.row.recip));
+  a[3] = INFINITY;
+  b = quantize(*set, a, 64, 32);
+  EXPECT_TRUE(std::isnan(b.row.recip));
 }
 
 struct GemmCase {
@@ -161,7 +194,7 @@ double expected(const std::vector<int8_t>& w, const std::vector<float>& s, int64
   return static_cast<double>(a.recip) * sum + bias;
 }
 
-TEST(KernelGemm, EverySetMatchesTheFormulaAroundTileEdges) {
+TEST_P(KernelGemm, MatchesTheFormulaAroundTileEdges) {
   std::mt19937 rng(5);
   const std::vector<GemmCase> cases = {
       {1, 32, 32, false},    {7, 64, 32, false},    {8, 96, 32, false},    {9, 64, 64, false},
@@ -171,64 +204,63 @@ TEST(KernelGemm, EverySetMatchesTheFormulaAroundTileEdges) {
   };
   std::uniform_int_distribution<int> wi(-8, 7);
   std::uniform_real_distribution<float> sd(0.5f, 1.5f);
-  for (const KernelSet* set : usable_sets()) {
-    for (const GemmCase& c : cases) {
-      SCOPED_TRACE(std::string(set->name) + " rows " + std::to_string(c.rows) + " cols " +
-                   std::to_string(c.cols) + " group " + std::to_string(c.group) +
-                   (c.w13 ? " w13" : " w2"));
-      const int64_t groups = c.group < 0 ? 1 : c.cols / c.group;
-      std::vector<int8_t> w(static_cast<size_t>(c.rows * c.cols));
-      for (size_t i = 0; i < w.size(); ++i)
-        w[i] = static_cast<int8_t>(i % 97 == 0 ? -8 : (i % 89 == 0 ? 7 : wi(rng)));
-      std::vector<float> s(static_cast<size_t>(c.rows * groups)), bias(static_cast<size_t>(c.rows));
-      for (auto& v : s) v = sd(rng) / static_cast<float>(c.cols);
-      for (auto& v : bias) v = sd(rng) - 1.0f;
-      PackOptions po;
-      po.group_size = c.group;
-      po.kernel_set = set->name;
-      const TensorView wv = TensorView::of(w.data(), DType::i8, {1, c.rows, c.cols});
-      const TensorView sv = c.group < 0 ? TensorView::of(s.data(), DType::f32, {1, c.rows})
-                                        : TensorView::of(s.data(), DType::f32, {1, c.rows, groups});
-      const TensorView bv = TensorView::of(bias.data(), DType::f32, {1, c.rows});
-      const PackedWeights packed = c.w13 ? pack_w13(wv, sv, bv, po) : pack_w2(wv, sv, bv, po);
-      const detail::Geometry g = detail::read_geometry(packed.bytes(), "test");
-      ASSERT_EQ(g.layout, set->layout);
+  const KernelSet* set = GetParam();
+  for (const GemmCase& c : cases) {
+    SCOPED_TRACE(std::string(set->name) + " rows " + std::to_string(c.rows) + " cols " +
+                 std::to_string(c.cols) + " group " + std::to_string(c.group) +
+                 (c.w13 ? " w13" : " w2"));
+    const int64_t groups = c.group < 0 ? 1 : c.cols / c.group;
+    std::vector<int8_t> w(static_cast<size_t>(c.rows * c.cols));
+    for (size_t i = 0; i < w.size(); ++i)
+      w[i] = static_cast<int8_t>(i % 97 == 0 ? -8 : (i % 89 == 0 ? 7 : wi(rng)));
+    std::vector<float> s(static_cast<size_t>(c.rows * groups)), bias(static_cast<size_t>(c.rows));
+    for (auto& v : s) v = sd(rng) / static_cast<float>(c.cols);
+    for (auto& v : bias) v = sd(rng) - 1.0f;
+    PackOptions po;
+    po.group_size = c.group;
+    po.kernel_set = set->name;
+    const TensorView wv = TensorView::of(w.data(), DType::i8, {1, c.rows, c.cols});
+    const TensorView sv = c.group < 0 ? TensorView::of(s.data(), DType::f32, {1, c.rows})
+                                      : TensorView::of(s.data(), DType::f32, {1, c.rows, groups});
+    const TensorView bv = TensorView::of(bias.data(), DType::f32, {1, c.rows});
+    const PackedWeights packed = c.w13 ? pack_w13(wv, sv, bv, po) : pack_w2(wv, sv, bv, po);
+    const detail::Geometry g = detail::read_geometry(packed.bytes(), "test");
+    ASSERT_EQ(g.layout, set->layout);
 
-      for (int64_t m = 1; m <= set->tile_m; ++m) {
-        std::vector<QRowBuffer> rows;
-        for (int64_t r = 0; r < m; ++r)
-          rows.push_back(quantize(*set, random_row(rng, c.cols, static_cast<int>(r % 6)),
-                                  g.cols_padded, g.group_len));
-        std::vector<QuantRow> a;
-        for (auto& r : rows) a.push_back(r.row);
-        // every part of the padded row space, in two calls when it is long enough
-        for (int64_t part = 0; part < g.parts; ++part) {
-          const int64_t begin = part * g.part_rows_padded;
-          const int64_t split = g.part_rows > 32 ? 32 : g.part_rows;
-          for (auto [n0, n1] :
-               {std::pair{begin, begin + split}, std::pair{begin + split, begin + g.part_rows}}) {
-            if (n0 >= n1) continue;
-            const int64_t width = (n1 - n0 + 15) / 16 * 16;
-            std::vector<float> out(static_cast<size_t>(m * width), NAN);
-            gemm(*set, packed, g, a.data(), m, n0, n1, out.data(), width);
-            for (int64_t r = 0; r < m; ++r) {
-              for (int64_t n = n0; n < n1; ++n) {
-                const int64_t logical = part * g.part_rows + (n - begin);
-                const double want =
-                    expected(w, s, c.cols, groups, logical, a[static_cast<size_t>(r)], g.group_len,
-                             static_cast<double>(bias[static_cast<size_t>(logical)]));
-                // f32 rounding of the group sums and the epilogue: a few ulp of the magnitude of
-                // the terms, which is at most recip * sum|s * dot| + |bias|.
-                double mag = std::fabs(static_cast<double>(bias[static_cast<size_t>(logical)]));
-                for (int64_t b = 0; b < groups; ++b)
-                  mag += static_cast<double>(a[static_cast<size_t>(r)].recip) * 128.0 * 8.0 *
-                         static_cast<double>(g.group_len) *
-                         static_cast<double>(s[static_cast<size_t>(logical * groups + b)]) / 16.0;
-                const double got =
-                    static_cast<double>(out[static_cast<size_t>(r * width + (n - n0))]);
-                ASSERT_NEAR(got, want, 1e-6 * mag + 1e-6)
-                    << "m " << m << " row " << r << " output " << n;
-              }
+    for (int64_t m = 1; m <= set->tile_m; ++m) {
+      std::vector<QRowBuffer> rows;
+      for (int64_t r = 0; r < m; ++r)
+        rows.push_back(quantize(*set, random_row(rng, c.cols, static_cast<int>(r % 6)),
+                                g.cols_padded, g.group_len));
+      std::vector<QuantRow> a;
+      for (auto& r : rows) a.push_back(r.row);
+      // every part of the padded row space, in two calls when it is long enough
+      for (int64_t part = 0; part < g.parts; ++part) {
+        const int64_t begin = part * g.part_rows_padded;
+        const int64_t split = g.part_rows > 32 ? 32 : g.part_rows;
+        for (auto [n0, n1] :
+             {std::pair{begin, begin + split}, std::pair{begin + split, begin + g.part_rows}}) {
+          if (n0 >= n1) continue;
+          const int64_t width = (n1 - n0 + 15) / 16 * 16;
+          std::vector<float> out(static_cast<size_t>(m * width), NAN);
+          gemm(*set, packed, g, a.data(), m, n0, n1, out.data(), width);
+          for (int64_t r = 0; r < m; ++r) {
+            for (int64_t n = n0; n < n1; ++n) {
+              const int64_t logical = part * g.part_rows + (n - begin);
+              const double want =
+                  expected(w, s, c.cols, groups, logical, a[static_cast<size_t>(r)], g.group_len,
+                           static_cast<double>(bias[static_cast<size_t>(logical)]));
+              // f32 rounding of the group sums and the epilogue: a few ulp of the magnitude of
+              // the terms, which is at most recip * sum|s * dot| + |bias|.
+              double mag = std::fabs(static_cast<double>(bias[static_cast<size_t>(logical)]));
+              for (int64_t b = 0; b < groups; ++b)
+                mag += static_cast<double>(a[static_cast<size_t>(r)].recip) * 128.0 * 8.0 *
+                       static_cast<double>(g.group_len) *
+                       static_cast<double>(s[static_cast<size_t>(logical * groups + b)]) / 16.0;
+              const double got =
+                  static_cast<double>(out[static_cast<size_t>(r * width + (n - n0))]);
+              ASSERT_NEAR(got, want, 1e-6 * mag + 1e-6)
+                  << "m " << m << " row " << r << " output " << n;
             }
           }
         }
@@ -241,46 +273,45 @@ TEST(KernelGemm, EverySetMatchesTheFormulaAroundTileEdges) {
 // call, so that the forward pass is bit-identical whatever the tiling. Every set's calls of every
 // size up to its tile (each size its own register tile, some with f32 sums in memory) must give
 // each row the bits it gets alone.
-TEST(KernelGemm, EveryRowGetsTheSameBitsWhateverItsCallSize) {
+TEST_P(KernelGemm, EveryRowGetsTheSameBitsWhateverItsCallSize) {
   std::mt19937 rng(11);
   std::uniform_int_distribution<int> wi(-8, 7);
   std::uniform_real_distribution<float> sd(0.5f, 1.5f);
   const int64_t rows = 48, cols = 256;
-  for (const KernelSet* set : usable_sets()) {
-    for (const int64_t group : {int64_t{32}, int64_t{128}, int64_t{-1}}) {
-      SCOPED_TRACE(std::string(set->name) + " group " + std::to_string(group));
-      const int64_t groups = group < 0 ? 1 : cols / group;
-      std::vector<int8_t> w(static_cast<size_t>(rows * cols));
-      for (auto& v : w) v = static_cast<int8_t>(wi(rng));
-      std::vector<float> s(static_cast<size_t>(rows * groups));
-      for (auto& v : s) v = sd(rng) / static_cast<float>(cols);
-      PackOptions po;
-      po.group_size = group;
-      po.kernel_set = set->name;
-      const TensorView sv = group < 0 ? TensorView::of(s.data(), DType::f32, {1, rows})
-                                      : TensorView::of(s.data(), DType::f32, {1, rows, groups});
-      const PackedWeights packed =
-          pack_w2(TensorView::of(w.data(), DType::i8, {1, rows, cols}), sv, {}, po);
-      const detail::Geometry g = detail::read_geometry(packed.bytes(), "test");
-      const int64_t total = set->tile_m;
-      std::vector<QRowBuffer> buffers;
-      std::vector<QuantRow> a;
-      for (int64_t r = 0; r < total; ++r)
-        buffers.push_back(quantize(*set, random_row(rng, cols, static_cast<int>(r % 6)),
-                                   g.cols_padded, g.group_len));
-      for (auto& b : buffers) a.push_back(b.row);
-      // all rows [r0, r0 + m) in one call, into out at their own row
-      auto run = [&](int64_t r0, int64_t m, std::vector<float>& out) {
-        gemm(*set, packed, g, a.data() + r0, m, 0, rows, out.data() + r0 * rows, rows);
-      };
-      std::vector<float> alone(static_cast<size_t>(total * rows));
-      for (int64_t r = 0; r < total; ++r) run(r, 1, alone);
-      for (int64_t size = 2; size <= total; ++size) {
-        std::vector<float> together(alone.size(), NAN);
-        for (int64_t r0 = 0; r0 < total; r0 += size) run(r0, std::min(size, total - r0), together);
-        ASSERT_EQ(std::memcmp(together.data(), alone.data(), alone.size() * 4), 0)
-            << "calls of " << size << " rows";
-      }
+  const KernelSet* set = GetParam();
+  for (const int64_t group : {int64_t{32}, int64_t{128}, int64_t{-1}}) {
+    SCOPED_TRACE(std::string(set->name) + " group " + std::to_string(group));
+    const int64_t groups = group < 0 ? 1 : cols / group;
+    std::vector<int8_t> w(static_cast<size_t>(rows * cols));
+    for (auto& v : w) v = static_cast<int8_t>(wi(rng));
+    std::vector<float> s(static_cast<size_t>(rows * groups));
+    for (auto& v : s) v = sd(rng) / static_cast<float>(cols);
+    PackOptions po;
+    po.group_size = group;
+    po.kernel_set = set->name;
+    const TensorView sv = group < 0 ? TensorView::of(s.data(), DType::f32, {1, rows})
+                                    : TensorView::of(s.data(), DType::f32, {1, rows, groups});
+    const PackedWeights packed =
+        pack_w2(TensorView::of(w.data(), DType::i8, {1, rows, cols}), sv, {}, po);
+    const detail::Geometry g = detail::read_geometry(packed.bytes(), "test");
+    const int64_t total = set->tile_m;
+    std::vector<QRowBuffer> buffers;
+    std::vector<QuantRow> a;
+    for (int64_t r = 0; r < total; ++r)
+      buffers.push_back(quantize(*set, random_row(rng, cols, static_cast<int>(r % 6)),
+                                 g.cols_padded, g.group_len));
+    for (auto& b : buffers) a.push_back(b.row);
+    // all rows [r0, r0 + m) in one call, into out at their own row
+    auto run = [&](int64_t r0, int64_t m, std::vector<float>& out) {
+      gemm(*set, packed, g, a.data() + r0, m, 0, rows, out.data() + r0 * rows, rows);
+    };
+    std::vector<float> alone(static_cast<size_t>(total * rows));
+    for (int64_t r = 0; r < total; ++r) run(r, 1, alone);
+    for (int64_t size = 2; size <= total; ++size) {
+      std::vector<float> together(alone.size(), NAN);
+      for (int64_t r0 = 0; r0 < total; r0 += size) run(r0, std::min(size, total - r0), together);
+      ASSERT_EQ(std::memcmp(together.data(), alone.data(), alone.size() * 4), 0)
+          << "calls of " << size << " rows";
     }
   }
 }
@@ -290,82 +321,80 @@ TEST(KernelGemm, EveryRowGetsTheSameBitsWhateverItsCallSize) {
 // must give SUM_k (q[k] - zp) * w[n,k] to the last bit, at the extremes of both operands (q at
 // -128 and 127 with zero points 0, -128 and 127; weights at -8 and 7), around tile and panel
 // edges, up to K = 8192 (255 * 8 * 8192 < 2^24: the largest K at which the test can be exact).
-TEST(KernelGemm, IntegerSumsAreExactAtTheExtremes) {
+TEST_P(KernelGemm, IntegerSumsAreExactAtTheExtremes) {
   std::mt19937 rng(17);
   std::uniform_int_distribution<int> wi(-8, 7), qi(-128, 127);
   struct Shape {
     int64_t cols, group;
   };
   const int64_t rows = 40;  // 2.5 panels of 16, 5 of 8
-  for (const KernelSet* set : usable_sets()) {
-    for (const Shape sh : {Shape{32, 32}, Shape{96, 32}, Shape{8192, 32}, Shape{8192, 128},
-                           Shape{256, -1}, Shape{8192, -1}}) {
-      SCOPED_TRACE(std::string(set->name) + " cols " + std::to_string(sh.cols) + " group " +
-                   std::to_string(sh.group));
-      const int64_t groups = sh.group < 0 ? 1 : sh.cols / sh.group;
-      std::vector<int8_t> w(static_cast<size_t>(rows * sh.cols));
-      for (int64_t n = 0; n < rows; ++n)
-        for (int64_t k = 0; k < sh.cols; ++k) {
-          const int pattern = static_cast<int>(n % 4);
-          w[static_cast<size_t>(n * sh.cols + k)] =
-              static_cast<int8_t>(pattern == 0   ? -8
-                                  : pattern == 1 ? 7
-                                  : pattern == 2 ? (k % 2 ? 7 : -8)
-                                                 : wi(rng));
-        }
-      std::vector<float> ones(static_cast<size_t>(rows * groups), 1.0f);
-      PackOptions po;
-      po.group_size = sh.group;
-      po.kernel_set = set->name;
-      const TensorView sv = sh.group < 0
-                                ? TensorView::of(ones.data(), DType::f32, {1, rows})
-                                : TensorView::of(ones.data(), DType::f32, {1, rows, groups});
-      const PackedWeights packed =
-          pack_w2(TensorView::of(w.data(), DType::i8, {1, rows, sh.cols}), sv, {}, po);
-      const detail::Geometry g = detail::read_geometry(packed.bytes(), "test");
-
-      // rows made by hand in the quantizers' format: int8 q, then -8 * SUM q per group
-      const int64_t m = set->tile_m;
-      std::vector<std::vector<int32_t>> storage;
-      std::vector<QuantRow> a;
-      for (int64_t r = 0; r < m; ++r) {
-        storage.emplace_back(static_cast<size_t>(g.cols_padded / 4 + g.groups + 16), 0);
-        auto* q = reinterpret_cast<int8_t*>(storage.back().data());
-        const int pattern = static_cast<int>(r % 4);
-        for (int64_t k = 0; k < g.cols_padded; ++k)
-          q[k] = static_cast<int8_t>(pattern == 0   ? 127
-                                     : pattern == 1 ? -128
-                                     : pattern == 2 ? (k % 2 ? 127 : -128)
-                                                    : qi(rng));
-        QuantRow row;
-        row.data = q;
-        row.recip = 1.0f;
-        row.zp = r % 3 == 0 ? 0 : (r % 3 == 1 ? -128 : 127);
-        if (set->group_terms) {
-          auto* terms = reinterpret_cast<int32_t*>(q + g.cols_padded);
-          for (int64_t b = 0; b < g.groups; ++b) {
-            int32_t sum = 0;
-            for (int64_t k = b * g.group_len; k < (b + 1) * g.group_len; ++k) sum += q[k];
-            terms[b] = -8 * sum;
-          }
-          row.group_terms = terms;
-        }
-        a.push_back(row);
+  const KernelSet* set = GetParam();
+  for (const Shape sh : {Shape{32, 32}, Shape{96, 32}, Shape{8192, 32}, Shape{8192, 128},
+                         Shape{256, -1}, Shape{8192, -1}}) {
+    SCOPED_TRACE(std::string(set->name) + " cols " + std::to_string(sh.cols) + " group " +
+                 std::to_string(sh.group));
+    const int64_t groups = sh.group < 0 ? 1 : sh.cols / sh.group;
+    std::vector<int8_t> w(static_cast<size_t>(rows * sh.cols));
+    for (int64_t n = 0; n < rows; ++n)
+      for (int64_t k = 0; k < sh.cols; ++k) {
+        const int pattern = static_cast<int>(n % 4);
+        w[static_cast<size_t>(n * sh.cols + k)] =
+            static_cast<int8_t>(pattern == 0   ? -8
+                                : pattern == 1 ? 7
+                                : pattern == 2 ? (k % 2 ? 7 : -8)
+                                               : wi(rng));
       }
-      for (int64_t size : {int64_t{1}, m}) {
-        const int64_t width = (rows + 15) / 16 * 16;
-        std::vector<float> out(static_cast<size_t>(size * width), NAN);
-        gemm(*set, packed, g, a.data() + (m - size), size, 0, rows, out.data(), width);
-        for (int64_t r = 0; r < size; ++r) {
-          const QuantRow& row = a[static_cast<size_t>(m - size + r)];
-          const auto* q = static_cast<const int8_t*>(row.data);
-          for (int64_t n = 0; n < rows; ++n) {
-            int64_t want = 0;
-            for (int64_t k = 0; k < sh.cols; ++k)
-              want += (int64_t{q[k]} - row.zp) * w[static_cast<size_t>(n * sh.cols + k)];
-            ASSERT_EQ(out[static_cast<size_t>(r * width + n)], static_cast<float>(want))
-                << "rows " << size << ", row " << r << " (zp " << row.zp << "), output " << n;
-          }
+    std::vector<float> ones(static_cast<size_t>(rows * groups), 1.0f);
+    PackOptions po;
+    po.group_size = sh.group;
+    po.kernel_set = set->name;
+    const TensorView sv = sh.group < 0 ? TensorView::of(ones.data(), DType::f32, {1, rows})
+                                       : TensorView::of(ones.data(), DType::f32, {1, rows, groups});
+    const PackedWeights packed =
+        pack_w2(TensorView::of(w.data(), DType::i8, {1, rows, sh.cols}), sv, {}, po);
+    const detail::Geometry g = detail::read_geometry(packed.bytes(), "test");
+
+    // rows made by hand in the quantizers' format: int8 q, then -8 * SUM q per group
+    const int64_t m = set->tile_m;
+    std::vector<std::vector<int32_t>> storage;
+    std::vector<QuantRow> a;
+    for (int64_t r = 0; r < m; ++r) {
+      storage.emplace_back(static_cast<size_t>(g.cols_padded / 4 + g.groups + 16), 0);
+      auto* q = reinterpret_cast<int8_t*>(storage.back().data());
+      const int pattern = static_cast<int>(r % 4);
+      for (int64_t k = 0; k < g.cols_padded; ++k)
+        q[k] = static_cast<int8_t>(pattern == 0   ? 127
+                                   : pattern == 1 ? -128
+                                   : pattern == 2 ? (k % 2 ? 127 : -128)
+                                                  : qi(rng));
+      QuantRow row;
+      row.data = q;
+      row.recip = 1.0f;
+      row.zp = r % 3 == 0 ? 0 : (r % 3 == 1 ? -128 : 127);
+      if (set->group_terms) {
+        auto* terms = reinterpret_cast<int32_t*>(q + g.cols_padded);
+        for (int64_t b = 0; b < g.groups; ++b) {
+          int32_t sum = 0;
+          for (int64_t k = b * g.group_len; k < (b + 1) * g.group_len; ++k) sum += q[k];
+          terms[b] = -8 * sum;
+        }
+        row.group_terms = terms;
+      }
+      a.push_back(row);
+    }
+    for (int64_t size : {int64_t{1}, m}) {
+      const int64_t width = (rows + 15) / 16 * 16;
+      std::vector<float> out(static_cast<size_t>(size * width), NAN);
+      gemm(*set, packed, g, a.data() + (m - size), size, 0, rows, out.data(), width);
+      for (int64_t r = 0; r < size; ++r) {
+        const QuantRow& row = a[static_cast<size_t>(m - size + r)];
+        const auto* q = static_cast<const int8_t*>(row.data);
+        for (int64_t n = 0; n < rows; ++n) {
+          int64_t want = 0;
+          for (int64_t k = 0; k < sh.cols; ++k)
+            want += (int64_t{q[k]} - row.zp) * w[static_cast<size_t>(n * sh.cols + k)];
+          ASSERT_EQ(out[static_cast<size_t>(r * width + n)], static_cast<float>(want))
+              << "rows " << size << ", row " << r << " (zp " << row.zp << "), output " << n;
         }
       }
     }
@@ -449,17 +478,34 @@ void check_tile_gemm(detail::GemmFn tiles, const char* backend) {
   }
 }
 
-TEST(AmxTileGemm, InstructionsGiveTheZmmGemmBits) {
-  if (!cpu_features().amx_int8 || !cpu_features().avx512vbmi)
-    GTEST_SKIP() << "AMX " << cpu_features().amx_status
-                 << "; the tile GEMM runs on the software model only";
-  check_tile_gemm(detail::amx::gemm_tiles, "amx");
+// The backends: the amx set's tile GEMM alone (its set GEMM picks the zmm GEMM below
+// amx_min_rows()), and the amxemu set's GEMM for more than kAmxSmallMaxM rows, which is the
+// tile GEMM on the software model.
+struct TileBackend {
+  const char* set;
+  detail::GemmFn tiles;
+};
+
+class AmxTileGemm : public ::testing::TestWithParam<TileBackend> {};
+
+TEST_P(AmxTileGemm, GivesTheZmmGemmBits) {
+  const KernelSet* set = nullptr;
+  for (const KernelSet& k : detail::kernel_table())
+    if (std::string_view(k.name) == GetParam().set) set = &k;
+  ASSERT_NE(set, nullptr);
+  if (!set->usable(cpu_features()))
+    GTEST_SKIP() << "kernel set " << set->name << " is not usable on this CPU ("
+                 << cpu_features().summary() << "; AMX " << cpu_features().amx_status << ")";
+  check_tile_gemm(GetParam().tiles, set->name);
 }
 
-TEST(AmxTileGemm, SoftwareModelGivesTheZmmGemmBits) {
-  if (!cpu_features().avx512vnni || !cpu_features().avx512vbmi)
-    GTEST_SKIP() << "the software model of the tiles needs AVX-512 VNNI and VBMI ("
-                 << cpu_features().summary() << ")";
-  check_tile_gemm(detail::amxemu::gemm_tiles, "amxemu");
+std::string backend_name(const ::testing::TestParamInfo<TileBackend>& backend) {
+  return backend.param.set;
 }
+
+INSTANTIATE_TEST_SUITE_P(, AmxTileGemm,
+                         ::testing::Values(TileBackend{"amx", detail::amx::gemm_tiles},
+                                           TileBackend{"amxemu",
+                                                       detail::amxemu::gemm_qa8_qu4p16k8}),
+                         backend_name);
 #endif

@@ -462,7 +462,7 @@ struct CpuFeatures {
   // x86 (usable: CPUID and OS state via XGETBV)
   bool sse41 = false, avx = false, avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512vnni = false;
-  bool avx512bf16 = false, avxvnni = false, avx512vbmi = false;
+  bool avx512bf16 = false, avxvnni = false, avx512vbmi = false, avx512dq = false;
   // Intel AMX: usable when the CPU has AMX-TILE and AMX-INT8, the OS enables the tile state in
   // XCR0 and (Linux) grants this process the tile data permission. `amx_status` says which of
   // the three is missing ("usable" when none is).

@@ -71,6 +71,7 @@ void detect_x86(CpuFeatures& f) {
   f.avx512f = ((b >> 16) & 1) && os_zmm;
   f.avx512bw = ((b >> 30) & 1) && f.avx512f;
   f.avx512vl = ((b >> 31) & 1) && f.avx512f;
+  f.avx512dq = ((b >> 17) & 1) && f.avx512f;
   f.avx512vnni = ((c >> 11) & 1) && f.avx512f;
   f.avx512vbmi = ((c >> 1) & 1) && f.avx512f;
   const bool cpu_amx = ((d >> 24) & 1) && ((d >> 25) & 1);  // AMX-TILE, AMX-INT8
@@ -164,6 +165,7 @@ std::string CpuFeatures::summary() const {
   add(avx512f, "avx512f");
   add(avx512bw, "avx512bw");
   add(avx512vl, "avx512vl");
+  add(avx512dq, "avx512dq");
   add(avx512vnni, "avx512vnni");
   add(avx512bf16, "avx512bf16");
   add(avxvnni, "avxvnni");

@@ -5,7 +5,10 @@
 #pragma once
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+
+#include "kernels/kernel.hpp"
 
 namespace w4a8moe::detail {
 namespace {
@@ -54,6 +57,39 @@ inline int32_t quantize_value(float a, float scale, int32_t zp) noexcept {
   float v = std::round(a * scale) + static_cast<float>(zp);
   v = v < -128.0f ? -128.0f : (v > 127.0f ? 127.0f : v);
   return static_cast<int32_t>(v);
+}
+
+// The lanes of a vector register stored to memory, reduced in lane order (once per row or
+// scale group, so through memory: GCC 12's _mm512_reduce_min_ps trips -Wmaybe-uninitialized
+// inside its own header).
+template <size_t N>
+inline float min_of(const float (&t)[N]) {
+  float r = t[0];
+  for (size_t i = 1; i < N; ++i) r = t[i] < r ? t[i] : r;
+  return r;
+}
+
+template <size_t N>
+inline float max_of(const float (&t)[N]) {
+  float r = t[0];
+  for (size_t i = 1; i < N; ++i) r = t[i] > r ? t[i] : r;
+  return r;
+}
+
+template <size_t N>
+inline int32_t sum_of(const int32_t (&t)[N]) {
+  int32_t r = 0;
+  for (size_t i = 0; i < N; ++i) r += t[i];
+  return r;
+}
+
+// What a quantizer reports of its row (terms: the group terms after the row, or null).
+inline void publish_row(const QuantizeArgs& args, const int8_t* q, const RowQuantParams& p,
+                        const int32_t* terms) {
+  args.row->data = q;
+  args.row->recip = p.recip;
+  args.row->zp = p.zp;
+  args.row->group_terms = terms;
 }
 
 }  // namespace

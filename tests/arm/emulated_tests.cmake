@@ -32,19 +32,34 @@ set(W4A8MOE_ARM_FULL "-*H2048*:ForwardFloatReference.*:ComparisonRejects.*:Numer
 set(W4A8MOE_ARM_REDUCED "Forward/*:Cases/*:SpecialRows.*:\
 -*H2048*:Forward/OriginalGrid.*_f16:Forward/OriginalGrid.*_bf16:*T300*")
 set(W4A8MOE_ARM_SMALL "Forward/OriginalGrid.*_f32:SpecialRows.*:-*H2048*")
-w4a8moe_emulated_suite(neoni8mm max "${W4A8MOE_ARM_FULL}")
-w4a8moe_emulated_suite(neondot neoverse-n1 "${W4A8MOE_ARM_REDUCED}")
-w4a8moe_emulated_suite(neon cortex-a53 "${W4A8MOE_ARM_REDUCED}")
-w4a8moe_emulated_suite(scalar cortex-a53 "${W4A8MOE_ARM_SMALL}")
+# Each kernel set of the build (W4A8MOE_KERNEL_SETS) on its emulated CPU, the smallest with its
+# features, with its filter: set|cpu|filter.
+set(W4A8MOE_ARM_RUNS "neoni8mm|max|${W4A8MOE_ARM_FULL}"
+                     "neondot|neoverse-n1|${W4A8MOE_ARM_REDUCED}"
+                     "neon|cortex-a53|${W4A8MOE_ARM_REDUCED}"
+                     "scalar|cortex-a53|${W4A8MOE_ARM_SMALL}")
+set(W4A8MOE_ARM_UNRUN ${W4A8MOE_KERNEL_SETS})
+foreach(run IN LISTS W4A8MOE_ARM_RUNS)
+  string(REPLACE "|" ";" parts "${run}")
+  list(GET parts 0 isa)
+  list(GET parts 1 cpu)
+  list(GET parts 2 filter)
+  w4a8moe_emulated_suite(${isa} ${cpu} "${filter}")
+  list(REMOVE_ITEM W4A8MOE_ARM_UNRUN ${isa})
+endforeach()
+if(W4A8MOE_ARM_UNRUN)
+  message(FATAL_ERROR "tests/arm/emulated_tests.cmake: no emulated CPU for ${W4A8MOE_ARM_UNRUN}")
+endif()
 
 # Detection, negative: a suite capped at a set the CPU lacks must skip (tests/isa_guard.cpp),
-# and the registry-generated kernel tests (every usable set) must not die of SIGILL.
+# and the registry-generated kernel tests (one suite per set; a set the CPU lacks skips) must
+# not die of SIGILL.
 set(W4A8MOE_ARM_ONE "SpecialRows.*")
 w4a8moe_emulated_suite(neondot cortex-a53 "${W4A8MOE_ARM_ONE}")
 w4a8moe_emulated_suite(neoni8mm neoverse-n1 "${W4A8MOE_ARM_ONE}")
 foreach(cpu cortex-a53 neoverse-n1)
   gtest_discover_tests(w4a8moe_kernel_tests DISCOVERY_TIMEOUT 300 TEST_PREFIX "${cpu}."
-                       PROPERTIES ENVIRONMENT_MODIFICATION "QEMU_CPU=set:${cpu}")
+                       NO_PRETTY_VALUES PROPERTIES ENVIRONMENT_MODIFICATION "QEMU_CPU=set:${cpu}")
 endforeach()
 
 # Detection, positive: each CPU offers exactly the sets it has the features for.
@@ -70,8 +85,8 @@ if(TARGET w4a8moe_cli AND W4A8MOE_HOST_BUILD_DIR)
   set(work ${CMAKE_CURRENT_BINARY_DIR}/run_vs_x86)
   add_test(NAME arm.RunVsX86.prepare COMMAND sh ${script} prepare ${W4A8MOE_HOST_BUILD_DIR} ${work})
   set_tests_properties(arm.RunVsX86.prepare PROPERTIES FIXTURES_SETUP w4a8moe_x86_cases)
-  foreach(run neoni8mm:max neondot:neoverse-n1 neon:cortex-a53 scalar:cortex-a53)
-    string(REPLACE ":" ";" parts ${run})
+  foreach(run IN LISTS W4A8MOE_ARM_RUNS)
+    string(REPLACE "|" ";" parts "${run}")
     list(GET parts 0 isa)
     list(GET parts 1 cpu)
     add_test(NAME ${isa}@${cpu}.RunVsX86

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -84,21 +85,34 @@ double macs_amx(int64_t iters);
 }  // namespace x86
 #endif
 
-double measure_peak_macs([[maybe_unused]] const std::string& kernel_set, int threads, int runs) {
-  double (*probe)(int64_t) = nullptr;
+// The kernel sets with a MAC probe (probe_peak_x86.cpp), by name, with the iterations of one
+// slice: about a millisecond or less (an AMX iteration does 64 Ki MAC).
+struct PeakProbe {
+  std::string_view kernel_set;
+  double (*macs)(int64_t iters);
+  int64_t slice;
+};
+
+constexpr PeakProbe kPeakProbes[] = {
 #if defined(__x86_64__)
-  const auto& f = w4a8moe::cpu_features();
-  if (kernel_set == "avx512vnni" && f.avx512vnni && f.avx512bw) probe = x86::macs_avx512vnni;
-  if (kernel_set == "avxvnni" && f.avxvnni) probe = x86::macs_avxvnni;
-  if (kernel_set == "avx2" && f.avx2) probe = x86::macs_avx2;
-  if (kernel_set == "amx" && f.amx_int8) probe = x86::macs_amx;
+    {"amx", x86::macs_amx, 10'000},
+    {"avx512vnni", x86::macs_avx512vnni, 100'000},
+    {"avxvnni", x86::macs_avxvnni, 100'000},
+    {"avx2", x86::macs_avx2, 100'000},
 #endif
-  // iterations per slice: about a millisecond or less (an AMX iteration does 64 Ki MAC)
-  int64_t slice = 100'000;
-#if defined(__x86_64__)
-  if (probe == x86::macs_amx) slice = 10'000;
-#endif
-  if (probe == nullptr) return 0.0;
+    {"", nullptr, 0},
+};
+
+double measure_peak_macs(const std::string& kernel_set, int threads, int runs) {
+  // a probe runs only when the registry finds its set usable on this CPU
+  const std::vector<std::string> usable = available_kernel_sets();
+  if (std::find(usable.begin(), usable.end(), kernel_set) == usable.end()) return 0.0;
+  const PeakProbe* found = nullptr;
+  for (const PeakProbe& p : kPeakProbes)
+    if (p.macs != nullptr && p.kernel_set == kernel_set) found = &p;
+  if (found == nullptr) return 0.0;
+  double (*probe)(int64_t) = found->macs;
+  const int64_t slice = found->slice;
   // Each run keeps every thread busy for a window of kWindow, in slices of `slice` iterations
   // (well under a millisecond): a window as long as a prefill forward, so that a host which
   // takes a vCPU away for a few milliseconds costs the probe what it costs the forward, not

@@ -5,8 +5,8 @@
 //               sequence without VNNI
 //   amx:        tdpbusd on full tiles (16 x 64 u8 by 64 x 16 s8 into 16 x 16 int32: 16384 MAC),
 //               four independent accumulator tiles from two A and two B tiles
-// Each function is compiled for its ISA through a target attribute and only called after the
-// CPU was checked (w4a8moe::cpu_features()).
+// Each function is compiled for its ISA through a target attribute and only called when the
+// registry finds its kernel set usable (probe.cpp).
 #include <immintrin.h>
 
 #include <cstdint>

@@ -47,6 +47,27 @@ inline float32x4_t load_bias4(const Geometry& g, const uint8_t* expert, int64_t 
                     : vdupq_n_f32(0.0f);
 }
 
+// The sums of a tile of M rows x NP panels of 8 output rows (two int32x4 halves each): all at
+// zero before the first scale group.
+template <int M, int NP>
+inline void zero_sums(int32x4_t (&sum)[M][NP][2], float32x4_t (&facc)[M][NP][2]) {
+  for (int m = 0; m < M; ++m)
+    for (int p = 0; p < NP; ++p)
+      for (int h = 0; h < 2; ++h) {
+        facc[m][p][h] = vdupq_n_f32(0.0f);
+        sum[m][p][h] = vdupq_n_s32(0);
+      }
+}
+
+// Before scale group b: each row's int32 sums start at its group term.
+template <int M, int NP>
+inline void start_group(const GemmArgs& args, int64_t b, int32x4_t (&sum)[M][NP][2]) {
+  for (int m = 0; m < M; ++m) {
+    const int32x4_t term = vdupq_n_s32(args.a[m].group_terms[b]);
+    for (int p = 0; p < NP; ++p) sum[m][p][0] = sum[m][p][1] = term;
+  }
+}
+
 // Groupwise: after scale group b, facc += float(sum) * s for every row of a tile of M rows x NP
 // panels of 8 output rows (two int32x4 halves each), panels from first_panel. Channelwise: no-op
 // (the sums run on to the epilogue).

@@ -3,15 +3,16 @@
 // shared row_quant_params(); `fcvtas` rounds half away from zero like std::round, and the
 // saturating narrows clamp to [-128, 127] as the portable code's float clamp does (|a * s| is at
 // most about 255, so the int32 sum cannot overflow). Then the group terms -8 * SUM q per group.
-#if !defined(__aarch64__) || !defined(__ARM_NEON)
-#error "this file must be compiled for AArch64 (NEON)"
-#endif
 #include <arm_neon.h>
 
 #include <cmath>
 
-#include "kernels/arm_neon/arm_kernels.hpp"
+#include "cpu/compiled_isa.hpp"
+#include "kernels/arm_neon/neon_kernels.hpp"
 #include "kernels/quant_params.hpp"
+
+static_assert(w4a8moe::detail::compiled_for("neon"),
+              "compile this file with the neon cluster's flags (CMakeLists.txt, src/cpu/isa.hpp)");
 
 namespace w4a8moe::detail::neon {
 
@@ -73,10 +74,7 @@ void quantize_qa8(const QuantizeArgs& args) {
     }
     terms[b] = -8 * vaddvq_s32(sum);
   }
-  args.row->data = q;
-  args.row->recip = p.recip;
-  args.row->zp = p.zp;
-  args.row->group_terms = terms;
+  publish_row(args, q, p, terms);
 }
 
 }  // namespace w4a8moe::detail::neon

@@ -1,6 +1,5 @@
-// Kernel set "neoni8mm": `smmla` tiles of up to 8 activation rows x 8 output rows on layout
-// qu4_p8k16 (prefill), one activation row by `sdot` on the same layout (decode), plus the set's
-// activation; built with -march=armv8.2-a+dotprod+i8mm.
+// The neoni8mm set's GEMM: `smmla` tiles of up to 8 activation rows x 8 output rows on layout
+// qu4_p8k16 (prefill), one activation row by `sdot` on the same layout (decode).
 //
 // qu4_p8k16: panels of 8 rows; per 16 columns a chunk of 64 bytes, 16 bytes per row pair
 // (2r, 2r + 1): byte 8 * i + j holds w[2r + i][k + j] + 8 (low nibble) and w[2r + i][k + 8 + j]
@@ -12,16 +11,18 @@
 // Per 64 weights (8 output rows x 8 columns) and 8 activation rows: 2 loads (16 bytes), 4 unpack
 // ops (and, ushr), 16 `smmla` (2 per activation row), and 4 activation loads + 4 zips shared by
 // the 8 output rows of the panel.
-#if !defined(__aarch64__) || !defined(__ARM_FEATURE_MATMUL_INT8) || !defined(__ARM_FEATURE_DOTPROD)
-#error "this file must be compiled with -march=armv8.2-a+dotprod+i8mm"
-#endif
 #include <arm_neon.h>
 
 #include <cstring>
 
-#include "kernels/arm_neon/arm_kernels.hpp"
+#include "cpu/compiled_isa.hpp"
 #include "kernels/arm_neon/neon_common.hpp"
-#include "kernels/common/activation_vec.hpp"
+#include "kernels/arm_neoni8mm/neoni8mm_kernels.hpp"
+#include "kernels/common/gemm_rows.hpp"
+
+static_assert(
+    w4a8moe::detail::compiled_for("neoni8mm"),
+    "compile this file with the neoni8mm cluster's flags (CMakeLists.txt, src/cpu/isa.hpp)");
 
 namespace w4a8moe::detail::neoni8mm {
 
@@ -226,12 +227,9 @@ void run_pairs(const GemmArgs& args) {
 
 void gemm_qa8_qu4p8k16(const GemmArgs& args) {
   switch (args.m) {
-    case 1: {
-      int64_t n = args.n_begin;
-      for (; n + 2 * kPanel <= args.n_end; n += 2 * kPanel) tile_row<2>(args, n);
-      for (; n < args.n_end; n += kPanel) tile_row<1>(args, n);
-      return;
-    }
+    case 1:
+      return for_each_panel_tile<kPanel, 2>(args,
+                                            [&]<int NP>(int64_t n0) { tile_row<NP>(args, n0); });
     case 2:
       return run_pairs<1>(args);
     case 3:
@@ -243,10 +241,6 @@ void gemm_qa8_qu4p8k16(const GemmArgs& args) {
     default:
       return run_pairs<4>(args);
   }
-}
-
-void activate(const MoeParams& params, const float* gate, const float* up, float* m, int64_t n) {
-  activate_vec(params, gate, up, m, n);
 }
 
 }  // namespace w4a8moe::detail::neoni8mm

@@ -25,9 +25,7 @@ void quantize_qa8(const QuantizeArgs& args) {
     for (int64_t k = 0; k < args.cols; ++k) q[k] = static_cast<int8_t>(p.zp);
   }
   for (int64_t k = args.cols; k < args.cols_padded; ++k) q[k] = static_cast<int8_t>(p.zp);
-  args.row->data = q;
-  args.row->recip = p.recip;
-  args.row->zp = p.zp;
+  publish_row(args, q, p, nullptr);
 }
 
 }  // namespace w4a8moe::detail::ref

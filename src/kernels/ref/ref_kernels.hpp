@@ -10,7 +10,7 @@ inline constexpr int64_t kTileM = 4;
 
 void quantize_qa8(const QuantizeArgs& args);
 // Layout qs4_b32_rowmajor, int8 activations, up to kTileM rows per call.
-void gemm_qa8_qs4b32(const GemmArgs& args);
+void gemm_qa8_qs4b32rowmajor(const GemmArgs& args);
 void activate(const MoeParams& params, const float* gate, const float* up, float* m, int64_t n);
 
 }  // namespace w4a8moe::detail::ref

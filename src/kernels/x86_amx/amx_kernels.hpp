@@ -2,7 +2,7 @@
 // (qu4_p16k8), with a second GEMM for calls of many rows built on AMX tiles (`tdpbusd`).
 //
 // "amx" runs the tile instructions; "amxemu" is the same kernel source compiled against a
-// software model of the tile operations (tile_ops_model.hpp), so that the kernel's layout,
+// software model of the tile operations (ModelTiles, tile_ops.hpp), so that the kernel's layout,
 // unpacking, indexing and scaling are tested on every AVX-512 machine, AMX or not. The model is
 // chosen only when the ISA cap names it (W4A8MOE_ISA=amxemu).
 #pragma once
@@ -27,8 +27,9 @@ int64_t amx_min_rows(int64_t group_len, bool channelwise);
 namespace amx {
 // The set's GEMM for calls of more than kAmxSmallMaxM rows: the tile GEMM from
 // amx_min_rows(...) rows, else the zmm GEMM (in calls of at most 16 rows). Same bits either way.
-void gemm_qa8_qu4p16(const GemmArgs& args);
-// The tile GEMM alone, for any number of rows up to kAmxTileM.
+void gemm_qa8_qu4p16k8(const GemmArgs& args);
+// The tile GEMM alone, for any number of rows up to kAmxTileM (for the tests and the benchmark:
+// no set calls it directly).
 void gemm_tiles(const GemmArgs& args);
 void thread_begin();
 void thread_end();
@@ -37,7 +38,7 @@ void thread_end();
 namespace amxemu {
 // The tile GEMM alone on the software model (the set uses it from kAmxSmallMaxM + 1 rows, so
 // that the suites exercise it at every group size).
-void gemm_tiles(const GemmArgs& args);
+void gemm_qa8_qu4p16k8(const GemmArgs& args);
 void thread_begin();
 void thread_end();
 }  // namespace amxemu

@@ -27,11 +27,6 @@
 // a group is half a tile's depth), else 64.
 #pragma once
 
-#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VNNI__) || \
-    !defined(__AVX512VBMI__)
-#error "the AMX GEMM needs -mavx512f -mavx512bw -mavx512vnni -mavx512vbmi"
-#endif
-
 #include <immintrin.h>
 
 #include <algorithm>
@@ -40,10 +35,14 @@
 #include <cstdlib>
 #include <memory>
 
+#include "cpu/compiled_isa.hpp"
 #include "kernels/common/prefetch.hpp"
 #include "kernels/x86_amx/tile_ops.hpp"
 #include "kernels/x86_avx512vnni/avx512vnni_kernels.hpp"
 #include "kernels/x86_avx512vnni/load_scales_zmm.hpp"
+
+static_assert(w4a8moe::detail::compiled_for_at_least("amxemu"),
+              "for files compiled with at least the amxemu cluster's flags (src/cpu/isa.hpp)");
 
 namespace w4a8moe::detail {
 namespace {
@@ -418,7 +417,7 @@ void amx_zmm_gemm(const GemmArgs& args) {
     part.a = args.a + calls.start(i);
     part.c = args.c + calls.start(i) * args.c_stride;
     if (i > 0) part.prefetch[0] = part.prefetch[1] = PrefetchRange{};
-    avx512vnni::gemm_qa8_qu4p16(part);
+    avx512vnni::gemm_qa8_qu4p16k8(part);
   }
 }
 

@@ -9,7 +9,7 @@ namespace w4a8moe::detail::avx512vnni {
 inline constexpr int64_t kTileM = 16;
 
 void quantize_qa8(const QuantizeArgs& args);
-void gemm_qa8_qu4p16(const GemmArgs& args);
+void gemm_qa8_qu4p16k8(const GemmArgs& args);
 void activate(const MoeParams& params, const float* gate, const float* up, float* m, int64_t n);
 
 }  // namespace w4a8moe::detail::avx512vnni

@@ -2,15 +2,15 @@
 // kernel files, each compiled with its own flags).
 #pragma once
 
-#if !defined(__AVX512F__)
-#error "this header is for files compiled with -mavx512f"
-#endif
-
 #include <immintrin.h>
 
 #include <cstdint>
 
+#include "cpu/compiled_isa.hpp"
 #include "w4a8moe/w4a8moe.hpp"
+
+static_assert(w4a8moe::detail::compiled_for_at_least("avx512vnni"),
+              "for files compiled with at least the avx512vnni cluster's flags (src/cpu/isa.hpp)");
 
 namespace w4a8moe::detail {
 namespace {

@@ -1,22 +1,22 @@
-// Kernel set "neon": baseline NEON (no dot product) on layout qu4_p8k8, plus the set's
-// activation. Widening multiplies: `smlal`/`smlal2` multiply 8 offset nibbles (w + 8, 0..15) by 8
-// s8 activations into int16 lanes, 2 products per lane per 8 columns; after a block of 32 columns
-// (8 products, |sum| <= 8 * 15 * 128 = 15360 < 32767) the lanes are widened and pairwise added
-// into int32 row sums.
+// The neon set's GEMM: baseline NEON (no dot product) on layout qu4_p8k8. Widening multiplies:
+// `smlal`/`smlal2` multiply 8 offset nibbles (w + 8, 0..15) by 8 s8 activations into int16 lanes, 2
+// products per lane per 8 columns; after a block of 32 columns (8 products, |sum| <= 8 * 15 * 128 =
+// 15360 < 32767) the lanes are widened and pairwise added into int32 row sums.
 //
 // qu4_p8k8: per 8 columns, 32 bytes: rows 0-3 then rows 4-7, 4 bytes a row; byte j holds column
 // j (low nibble) and column 4 + j (high nibble). The low nibbles of 16 bytes are 4 rows x 4
 // columns; a 32-bit broadcast of the activations' 4 columns lines up with them.
-#if !defined(__aarch64__) || !defined(__ARM_NEON)
-#error "this file must be compiled for AArch64 (NEON)"
-#endif
 #include <arm_neon.h>
 
 #include <cstring>
 
-#include "kernels/arm_neon/arm_kernels.hpp"
+#include "cpu/compiled_isa.hpp"
 #include "kernels/arm_neon/neon_common.hpp"
-#include "kernels/common/activation_vec.hpp"
+#include "kernels/arm_neon/neon_kernels.hpp"
+#include "kernels/common/gemm_rows.hpp"
+
+static_assert(w4a8moe::detail::compiled_for("neon"),
+              "compile this file with the neon cluster's flags (CMakeLists.txt, src/cpu/isa.hpp)");
 
 namespace w4a8moe::detail::neon {
 
@@ -49,18 +49,10 @@ void tile(const GemmArgs& args, int64_t n0) {
   for (int m = 0; m < M; ++m) q[m] = static_cast<const int8_t*>(args.a[m].data);
   float32x4_t facc[M][NP][2];
   int32x4_t sum[M][NP][2];  // rows 0-3 and 4-7 of each panel
-  for (int m = 0; m < M; ++m)
-    for (int p = 0; p < NP; ++p)
-      for (int h = 0; h < 2; ++h) {
-        facc[m][p][h] = vdupq_n_f32(0.0f);
-        sum[m][p][h] = vdupq_n_s32(0);
-      }
+  zero_sums<M, NP>(sum, facc);
 
   for (int64_t b = 0; b < g.groups; ++b) {
-    for (int m = 0; m < M; ++m) {
-      const int32x4_t term = vdupq_n_s32(args.a[m].group_terms[b]);
-      for (int p = 0; p < NP; ++p) sum[m][p][0] = sum[m][p][1] = term;
-    }
+    start_group<M, NP>(args, b, sum);
     for (int64_t k0 = b * g.group_len; k0 < (b + 1) * g.group_len; k0 += 32) {
       int16x8_t acc[M][NP][4];  // rows 0-1, 2-3, 4-5, 6-7
       for (int m = 0; m < M; ++m)
@@ -101,30 +93,18 @@ void tile(const GemmArgs& args, int64_t n0) {
   store_tile<M, NP>(args, n0, sum, facc);
 }
 
-template <int M, int NP>
+// 1 row: two panels per tile (more independent chains); more rows: one.
+template <int M>
 void run(const GemmArgs& args) {
-  int64_t n = args.n_begin;
-  for (; n + NP * kPanel <= args.n_end; n += NP * kPanel) tile<M, NP>(args, n);
-  for (; n < args.n_end; n += kPanel) tile<M, 1>(args, n);
+  for_each_panel_tile<kPanel, M == 1 ? 2 : 1>(args,
+                                              [&]<int NP>(int64_t n0) { tile<M, NP>(args, n0); });
 }
 
 }  // namespace
 
-void gemm_qa8_qu4p8(const GemmArgs& args) {
-  switch (args.m) {
-    case 1:
-      return run<1, 2>(args);
-    case 2:
-      return run<2, 1>(args);
-    case 3:
-      return run<3, 1>(args);
-    default:
-      return run<4, 1>(args);
-  }
-}
-
-void activate(const MoeParams& params, const float* gate, const float* up, float* m, int64_t n) {
-  activate_vec(params, gate, up, m, n);
+void gemm_qa8_qu4p8k8(const GemmArgs& args) {
+  static constexpr auto kByRows = gemm_by_rows<kTileM>([]<int M>() -> GemmFn { return run<M>; });
+  kByRows[static_cast<size_t>(args.m - 1)](args);
 }
 
 }  // namespace w4a8moe::detail::neon

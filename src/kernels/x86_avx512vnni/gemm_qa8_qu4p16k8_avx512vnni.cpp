@@ -9,18 +9,21 @@
 // cycle; `vpsrlw` and `vcvtdq2ps` on port 0 only): per group of 32 columns and M rows, 8M
 // `vpdpbusd` + 12 unpack ops + 2M for cvt and FMA + 2 for bf16 scales. M = 16 bounds the
 // `vpdpbusd` share at 128 / 174 = 74% of peak (M = 8: 68%); the tile runs near that bound.
-#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VNNI__)
-#error "this file must be compiled with -mavx512f -mavx512bw -mavx512vnni"
-#endif
 
 #include <immintrin.h>
 
 #include <cassert>
 #include <cstring>
 
+#include "cpu/compiled_isa.hpp"
+#include "kernels/common/gemm_rows.hpp"
 #include "kernels/common/prefetch.hpp"
 #include "kernels/x86_avx512vnni/avx512vnni_kernels.hpp"
 #include "kernels/x86_avx512vnni/load_scales_zmm.hpp"
+
+static_assert(
+    w4a8moe::detail::compiled_for("avx512vnni"),
+    "compile this file with the avx512vnni cluster's flags (CMakeLists.txt, src/cpu/isa.hpp)");
 
 namespace w4a8moe::detail::avx512vnni {
 
@@ -173,9 +176,8 @@ void run_chunks(const GemmArgs& args) {
     assert(reinterpret_cast<const uint8_t*>(args.a[m].group_terms) ==
            static_cast<const uint8_t*>(args.a[m].data) + args.geometry->cols_padded);
   Prefetcher pf(args);
-  int64_t n = args.n_begin;
-  for (; n + NP * kPanel <= args.n_end; n += NP * kPanel) tile<M, NP, kChunks>(args, n, pf);
-  for (; n < args.n_end; n += kPanel) tile<M, 1, kChunks>(args, n, pf);
+  for_each_panel_tile<kPanel, NP>(args,
+                                  [&]<int P>(int64_t n0) { tile<M, P, kChunks>(args, n0, pf); });
 }
 
 template <int M, int NP>
@@ -190,41 +192,15 @@ void run(const GemmArgs& args) {
 
 }  // namespace
 
-void gemm_qa8_qu4p16(const GemmArgs& args) {
-  switch (args.m) {
-    case 1:
-      return run<1, 4>(args);
-    case 2:
-      return run<2, 2>(args);
-    case 3:
-      return run<3, 1>(args);
-    case 4:
-      return run<4, 1>(args);
-    case 5:
-      return run<5, 1>(args);
-    case 6:
-      return run<6, 1>(args);
-    case 7:
-      return run<7, 1>(args);
-    case 8:
-      return run<8, 1>(args);
-    case 9:
-      return run<9, 1>(args);
-    case 10:
-      return run<10, 1>(args);
-    case 11:
-      return run<11, 1>(args);
-    case 12:
-      return run<12, 1>(args);
-    case 13:
-      return run<13, 1>(args);
-    case 14:
-      return run<14, 1>(args);
-    case 15:
-      return run<15, 1>(args);
-    default:
-      return run<16, 1>(args);
-  }
+void gemm_qa8_qu4p16k8(const GemmArgs& args) {
+  // 1 row: four panels per tile, 2 rows: two (more independent chains); more rows: one
+  static constexpr auto kByRows = gemm_by_rows<kTileM>([]<int M>() -> GemmFn {
+    if constexpr (M <= 2)
+      return run<M, 4 / M>;
+    else
+      return run<M, 1>;
+  });
+  kByRows[static_cast<size_t>(args.m - 1)](args);
 }
 
 }  // namespace w4a8moe::detail::avx512vnni

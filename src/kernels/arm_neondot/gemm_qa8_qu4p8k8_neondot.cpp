@@ -1,5 +1,5 @@
-// Kernel set "neondot": `sdot` by element on layout qu4_p8k8, up to 4 activation rows (decode),
-// plus the set's activation; built with -march=armv8.2-a+dotprod.
+// The neondot set's GEMM: `sdot` by element on layout qu4_p8k8, up to 4 activation rows
+// (decode).
 //
 // qu4_p8k8: per 8 columns, 32 bytes: rows 0-3 then rows 4-7, 4 bytes a row; byte j holds column
 // j (low nibble) and column 4 + j (high nibble), as w + 8. The low nibbles of 16 bytes are 4 rows
@@ -7,14 +7,16 @@
 // lane picking the activations' 4 columns from one 16-byte load of 16 columns. Per 64 weights
 // (8 rows x 8 columns): 2 loads (16 bytes), 4 unpack ops (and, ushr) shared by the rows, and 4
 // `sdot` per activation row. The group's sum starts from the quantizer's term -8 * SUM q.
-#if !defined(__aarch64__) || !defined(__ARM_FEATURE_DOTPROD)
-#error "this file must be compiled with -march=armv8.2-a+dotprod"
-#endif
 #include <arm_neon.h>
 
-#include "kernels/arm_neon/arm_kernels.hpp"
+#include "cpu/compiled_isa.hpp"
 #include "kernels/arm_neon/neon_common.hpp"
-#include "kernels/common/activation_vec.hpp"
+#include "kernels/arm_neondot/neondot_kernels.hpp"
+#include "kernels/common/gemm_rows.hpp"
+
+static_assert(
+    w4a8moe::detail::compiled_for("neondot"),
+    "compile this file with the neondot cluster's flags (CMakeLists.txt, src/cpu/isa.hpp)");
 
 namespace w4a8moe::detail::neondot {
 
@@ -36,18 +38,10 @@ void tile(const GemmArgs& args, int64_t n0) {
   for (int m = 0; m < M; ++m) q[m] = static_cast<const int8_t*>(args.a[m].data);
   float32x4_t facc[M][NP][2];
   int32x4_t sum[M][NP][2];  // rows 0-3 and 4-7 of each panel
-  for (int m = 0; m < M; ++m)
-    for (int p = 0; p < NP; ++p)
-      for (int h = 0; h < 2; ++h) {
-        facc[m][p][h] = vdupq_n_f32(0.0f);
-        sum[m][p][h] = vdupq_n_s32(0);
-      }
+  zero_sums<M, NP>(sum, facc);
 
   for (int64_t b = 0; b < g.groups; ++b) {
-    for (int m = 0; m < M; ++m) {
-      const int32x4_t term = vdupq_n_s32(args.a[m].group_terms[b]);
-      for (int p = 0; p < NP; ++p) sum[m][p][0] = sum[m][p][1] = term;
-    }
+    start_group<M, NP>(args, b, sum);
     for (int64_t k = b * g.group_len; k < (b + 1) * g.group_len; k += 16) {
       int8x16_t a[M];
       for (int m = 0; m < M; ++m) a[m] = vld1q_s8(q[m] + k);
@@ -78,30 +72,18 @@ void tile(const GemmArgs& args, int64_t n0) {
   store_tile<M, NP>(args, n0, sum, facc);
 }
 
-template <int M, int NP>
+// 1 row: four panels per tile (more independent chains); more rows: two.
+template <int M>
 void run(const GemmArgs& args) {
-  int64_t n = args.n_begin;
-  for (; n + NP * kPanel <= args.n_end; n += NP * kPanel) tile<M, NP>(args, n);
-  for (; n < args.n_end; n += kPanel) tile<M, 1>(args, n);
+  for_each_panel_tile<kPanel, M == 1 ? 4 : 2>(args,
+                                              [&]<int NP>(int64_t n0) { tile<M, NP>(args, n0); });
 }
 
 }  // namespace
 
-void gemm_qa8_qu4p8(const GemmArgs& args) {
-  switch (args.m) {
-    case 1:
-      return run<1, 4>(args);
-    case 2:
-      return run<2, 2>(args);
-    case 3:
-      return run<3, 2>(args);
-    default:
-      return run<4, 2>(args);
-  }
-}
-
-void activate(const MoeParams& params, const float* gate, const float* up, float* m, int64_t n) {
-  activate_vec(params, gate, up, m, n);
+void gemm_qa8_qu4p8k8(const GemmArgs& args) {
+  static constexpr auto kByRows = gemm_by_rows<kTileM>([]<int M>() -> GemmFn { return run<M>; });
+  kByRows[static_cast<size_t>(args.m - 1)](args);
 }
 
 }  // namespace w4a8moe::detail::neondot

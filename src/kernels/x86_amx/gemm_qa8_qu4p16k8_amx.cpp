@@ -1,11 +1,11 @@
 // Kernel set "amx": the AMX GEMM (gemm_amx.hpp) on the tile instructions, and the choice between
 // it and the zmm GEMM by rows per call.
+#include "cpu/compiled_isa.hpp"
 #include "kernels/x86_amx/amx_kernels.hpp"
 #include "kernels/x86_amx/gemm_amx.hpp"
 
-#if !defined(W4A8MOE_AMX_FLAGS)
-#error "this file must be compiled with -mamx-tile -mamx-int8 (and the AVX-512 flags)"
-#endif
+static_assert(w4a8moe::detail::compiled_for("amx"),
+              "compile this file with the amx cluster's flags (CMakeLists.txt, src/cpu/isa.hpp)");
 
 namespace w4a8moe::detail {
 
@@ -21,7 +21,7 @@ namespace amx {
 
 void gemm_tiles(const GemmArgs& args) { amx_gemm<AmxTiles>(args); }
 
-void gemm_qa8_qu4p16(const GemmArgs& args) {
+void gemm_qa8_qu4p16k8(const GemmArgs& args) {
   const Geometry& g = *args.geometry;
   if (args.m >= amx_min_rows(g.group_len, g.channelwise()))
     gemm_tiles(args);

@@ -25,7 +25,7 @@ inline int32_t dot32(const int8_t* q, const int8_t* w) noexcept {
 
 }  // namespace
 
-void gemm_qa8_qs4b32(const GemmArgs& args) {
+void gemm_qa8_qs4b32rowmajor(const GemmArgs& args) {
   const Geometry& g = *args.geometry;
   const int64_t m = args.m;
   const int64_t blocks_per_group = g.group_len / kBlock;

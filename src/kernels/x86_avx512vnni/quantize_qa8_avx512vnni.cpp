@@ -1,13 +1,15 @@
 // AVX-512 activation quantizer: f32 row -> s8 q, recip, zero point, and per scale group
 // -8 * SUM q (the term that turns the dot product with offset weights w + 8 into SUM w * q).
-#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__)
-#error "this file must be compiled with -mavx512f -mavx512bw -mavx512vl"
-#endif
 
 #include <immintrin.h>
 
+#include "cpu/compiled_isa.hpp"
 #include "kernels/quant_params.hpp"
 #include "kernels/x86_avx512vnni/avx512vnni_kernels.hpp"
+
+static_assert(
+    w4a8moe::detail::compiled_for("avx512vnni"),
+    "compile this file with the avx512vnni cluster's flags (CMakeLists.txt, src/cpu/isa.hpp)");
 
 namespace w4a8moe::detail::avx512vnni {
 
@@ -15,32 +17,6 @@ namespace {
 
 inline __mmask16 tail_mask(int64_t left) {
   return left >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << left) - 1u);
-}
-
-// Horizontal reductions through memory (GCC 12's _mm512_reduce_min_ps trips
-// -Wmaybe-uninitialized inside its own header); once per row, the cost does not matter.
-inline float hmin(__m512 v) {
-  alignas(64) float t[16];
-  _mm512_store_ps(t, v);
-  float r = t[0];
-  for (int i = 1; i < 16; ++i) r = t[i] < r ? t[i] : r;
-  return r;
-}
-
-inline float hmax(__m512 v) {
-  alignas(64) float t[16];
-  _mm512_store_ps(t, v);
-  float r = t[0];
-  for (int i = 1; i < 16; ++i) r = t[i] > r ? t[i] : r;
-  return r;
-}
-
-inline int32_t hsum(__m512i v) {
-  alignas(64) int32_t t[16];
-  _mm512_store_si512(t, v);
-  int32_t r = 0;
-  for (int i = 0; i < 16; ++i) r += t[i];
-  return r;
 }
 
 }  // namespace
@@ -58,7 +34,10 @@ void quantize_qa8(const QuantizeArgs& args) {
     vmin = _mm512_min_ps(vmin, v);
     vmax = _mm512_max_ps(vmax, v);
   }
-  const RowQuantParams p = row_quant_params(hmin(vmin), hmax(vmax), finite == 0xffff);
+  alignas(64) float lo[16], hi[16];
+  _mm512_store_ps(lo, vmin);
+  _mm512_store_ps(hi, vmax);
+  const RowQuantParams p = row_quant_params(min_of(lo), max_of(hi), finite == 0xffff);
   auto* q = static_cast<int8_t*>(args.dst);
   const int64_t groups = args.cols_padded / args.group_len;
   auto* terms = reinterpret_cast<int32_t*>(q + args.cols_padded);
@@ -85,12 +64,11 @@ void quantize_qa8(const QuantizeArgs& args) {
       sum = _mm512_add_epi32(sum, qi);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q + k), _mm512_cvtepi32_epi8(qi));
     }
-    terms[b] = -8 * hsum(sum);
+    alignas(64) int32_t lanes[16];
+    _mm512_store_si512(lanes, sum);
+    terms[b] = -8 * sum_of(lanes);
   }
-  args.row->data = q;
-  args.row->recip = p.recip;
-  args.row->zp = p.zp;
-  args.row->group_terms = terms;
+  publish_row(args, q, p, terms);
 }
 
 }  // namespace w4a8moe::detail::avx512vnni

@@ -1,10 +1,12 @@
 // AVX-512 activation: the portable formulas with vectorisable exp/erf/tanh.
-#if !defined(__AVX512F__)
-#error "this file must be compiled with -mavx512f"
-#endif
 
+#include "cpu/compiled_isa.hpp"
 #include "kernels/common/activation_vec.hpp"
 #include "kernels/x86_avx512vnni/avx512vnni_kernels.hpp"
+
+static_assert(
+    w4a8moe::detail::compiled_for("avx512vnni"),
+    "compile this file with the avx512vnni cluster's flags (CMakeLists.txt, src/cpu/isa.hpp)");
 
 namespace w4a8moe::detail::avx512vnni {
 

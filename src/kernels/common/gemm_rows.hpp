@@ -1,0 +1,34 @@
+// The loops every panel GEMM shares around its register tile: the output rows of a call in
+// tiles of panels, and one instantiation of the GEMM per number of activation rows
+// (internal linkage: included by ISA files, each compiled with its own flags).
+#pragma once
+
+#include <array>
+#include <utility>
+
+#include "kernels/kernel.hpp"
+
+namespace w4a8moe::detail {
+namespace {
+
+// Output rows [n_begin, n_end) of a call in tiles of NP panels of kPanel rows, the rest one
+// panel at a time: tile.template operator()<P>(n0) computes P panels from padded row n0.
+template <int64_t kPanel, int NP, class Tile>
+inline void for_each_panel_tile(const GemmArgs& args, Tile&& tile) {
+  int64_t n = args.n_begin;
+  for (; n + NP * kPanel <= args.n_end; n += NP * kPanel) tile.template operator()<NP>(n);
+  for (; n < args.n_end; n += kPanel) tile.template operator()<1>(n);
+}
+
+// The GEMM for calls of m = 1..kTileM rows at index m - 1: pick.template operator()<M>() gives
+// the instantiation for M rows (each row count its own register tile).
+template <int kTileM, class Pick>
+consteval std::array<GemmFn, kTileM> gemm_by_rows(Pick pick) {
+  return [&]<int... Ms>(std::integer_sequence<int, Ms...>) {
+    return std::array<GemmFn, kTileM>{pick.template operator()<Ms + 1>()...};
+  }
+  (std::make_integer_sequence<int, kTileM>());
+}
+
+}  // namespace
+}  // namespace w4a8moe::detail
