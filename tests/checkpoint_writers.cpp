@@ -11,7 +11,7 @@
 #include <random>
 #include <stdexcept>
 
-#include "io/safetensors.hpp"
+#include "io/safetensors_writer.hpp"
 
 using nlohmann::json;
 using w4a8moe::DType;

@@ -13,7 +13,8 @@
 
 #include "checkpoint_test_util.hpp"
 #include "checkpoint_writers.hpp"
-#include "io/safetensors.hpp"
+#include "io/safetensors_file.hpp"
+#include "io/safetensors_writer.hpp"
 #include "program_runner.hpp"
 
 namespace {

@@ -8,7 +8,7 @@
 #include <exception>
 #include <string>
 
-#include "io/safetensors.hpp"
+#include "io/case_file.hpp"
 #include "w4a8moe/commands.hpp"
 #include "w4a8moe/w4a8moe.hpp"
 

@@ -8,7 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "io/safetensors.hpp"
+#include "io/case_file.hpp"
+#include "io/safetensors_writer.hpp"
 #include "w4a8moe/commands.hpp"
 #include "w4a8moe/w4a8moe.hpp"
 
