@@ -11,6 +11,14 @@ namespace w4a8moe::io {
 
 using detail::cat;
 
+ProjectionShape projection_shape(const LayerInfo& info, int which) {
+  ProjectionShape p;
+  p.rows = which == 2 ? info.hidden : info.inter;
+  p.cols = which == 2 ? info.inter : info.hidden;
+  p.groups = info.group_size == -1 ? 1 : p.cols / info.group_size;
+  return p;
+}
+
 void pack_nibbles(const int8_t* values, int64_t n, uint8_t* dst) {
   for (int64_t j = 0; j < n / 2; ++j)
     dst[j] = static_cast<uint8_t>((values[2 * j] + 8) | ((values[2 * j + 1] + 8) << 4));

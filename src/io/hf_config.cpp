@@ -63,20 +63,22 @@ int64_t HfConfig::integer(const char* key, bool required) const {
   return v->get<int64_t>();
 }
 
-bool HfConfig::flag(const char* key, bool fallback) const {
+template <class T>
+T HfConfig::typed(const char* key, T fallback, bool (json::*is)() const noexcept,
+                  const char* expected) const {
   const json* v = value(key);
   if (v == nullptr) return fallback;
-  if (!v->is_boolean())
-    hf_fail(folder_, cat("config.json '", key, "' must be true or false, got ", v->dump()));
-  return v->get<bool>();
+  if (!(v->*is)())
+    hf_fail(folder_, cat("config.json '", key, "' must be ", expected, ", got ", v->dump()));
+  return v->get<T>();
+}
+
+bool HfConfig::flag(const char* key, bool fallback) const {
+  return typed(key, fallback, &json::is_boolean, "true or false");
 }
 
 double HfConfig::number(const char* key, double fallback) const {
-  const json* v = value(key);
-  if (v == nullptr) return fallback;
-  if (!v->is_number())
-    hf_fail(folder_, cat("config.json '", key, "' must be a number, got ", v->dump()));
-  return v->get<double>();
+  return typed(key, fallback, &json::is_number, "a number");
 }
 
 }  // namespace w4a8moe::io

@@ -33,6 +33,10 @@ class HfConfig {
   double number(const char* key, double fallback) const;
 
  private:
+  // The value of a key `is` accepts, or `fallback` when absent; Error naming `expected` else.
+  template <class T>
+  T typed(const char* key, T fallback, bool (nlohmann::json::*is)() const noexcept,
+          const char* expected) const;
   std::string folder_;
   nlohmann::json config_;  // config.json (or its text_config)
   std::string model_type_;

@@ -22,10 +22,9 @@ constexpr int64_t kStripRows = 32;
 
 void HfLayer::load_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales,
                         DType scale_dtype) const {
-  const int64_t rows = which == 2 ? info_.hidden : info_.inter;
-  const int64_t cols = which == 2 ? info_.inter : info_.hidden;
+  const ProjectionShape p = projection_shape(info_, which);
+  const int64_t rows = p.rows, cols = p.cols, groups = p.groups;
   const int g = info_.group_size;
-  const int64_t groups = g == -1 ? 1 : cols / g;
   const auto require = [&](const std::string& name, DType dtype,
                            const std::vector<int64_t>& shape) -> std::span<const uint8_t> {
     if (!has(name)) fail(cat("tensor '", name, "' is missing"));
@@ -111,10 +110,10 @@ void HfLayer::load_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales,
 void HfLayer::load_fused_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales,
                               DType scale_dtype, float* bias) const {
   const int64_t H = info_.hidden, I = info_.inter;
-  const int64_t rows = which == 2 ? H : I, cols = which == 2 ? I : H;
+  const ProjectionShape p = projection_shape(info_, which);
+  const int64_t rows = p.rows, cols = p.cols, groups = p.groups;
   const int64_t outs = which == 2 ? H : 2 * I;  // columns of the fused [in, out] matrix
   const int g = info_.group_size;
-  const int64_t groups = g == -1 ? 1 : cols / g;
   const std::string& what = conversions_[static_cast<size_t>(which)].tensor;
   Conversion stats;
   std::vector<float> strip(static_cast<size_t>(kStripRows * cols));
@@ -159,10 +158,9 @@ void HfLayer::load_fused_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* s
 // A float [rows, cols] tensor of expert e, quantized on load.
 void HfLayer::load_dense_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales,
                               DType scale_dtype) const {
-  const int64_t rows = which == 2 ? info_.hidden : info_.inter;
-  const int64_t cols = which == 2 ? info_.inter : info_.hidden;
+  const ProjectionShape p = projection_shape(info_, which);
+  const int64_t rows = p.rows, cols = p.cols, groups = p.groups;
   const int g = info_.group_size;
-  const int64_t groups = g == -1 ? 1 : cols / g;
   const std::string name = tensor_name(e, which, "weight");
   if (!has(name)) fail(cat("tensor '", name, "' is missing"));
   const TensorEntry& t = entry(name);

@@ -20,38 +20,25 @@ constexpr const HfNaming* kSparseMoe = &kNamings[1];
 constexpr const HfNaming* kFeedForward = &kNamings[2];
 
 constexpr RouterKind kScores = RouterKind::scores;
+constexpr Activation kSilu = Activation::silu;
+constexpr FusedGateUp kUnfused = FusedGateUp::unknown;
 
 // gguf_arch, hf_types, router, gguf_renormalize, hf_renormalize_always, activation, naming, fused
 constexpr ModelFamily kFamilies[] = {
-    // Mixtral
-    {"llama", {"mixtral"}, kScores, true, true, Activation::silu, kSparseMoe, FusedGateUp::unknown},
-    {"qwen2moe",
-     {"qwen2_moe"},
-     kScores,
-     false,
-     false,
-     Activation::silu,
-     kMlp,
-     FusedGateUp::unknown},
-    {"qwen3moe", {"qwen3_moe"}, kScores, true, false, Activation::silu, kMlp, FusedGateUp::unknown},
-    {"qwen3vlmoe",
-     {"qwen3_vl_moe"},
-     kScores,
-     true,
-     false,
-     Activation::silu,
-     kMlp,
-     FusedGateUp::unknown},
-    {"olmoe", {"olmoe"}, kScores, false, false, Activation::silu, kMlp, FusedGateUp::unknown},
+    {"llama", {"mixtral"}, kScores, true, true, kSilu, kSparseMoe, kUnfused},  // Mixtral
+    {"qwen2moe", {"qwen2_moe"}, kScores, false, false, kSilu, kMlp, kUnfused},
+    {"qwen3moe", {"qwen3_moe"}, kScores, true, false, kSilu, kMlp, kUnfused},
+    {"qwen3vlmoe", {"qwen3_vl_moe"}, kScores, true, false, kSilu, kMlp, kUnfused},
+    {"olmoe", {"olmoe"}, kScores, false, false, kSilu, kMlp, kUnfused},
     // DeepSeek-V2, -V3 and Kimi-K2 (DeepSeek-V3's architecture)
     {"deepseek2",
      {"deepseek_v2", "deepseek_v3", "kimi_k2"},
      kScores,
      false,
      false,
-     Activation::silu,
+     kSilu,
      kMlp,
-     FusedGateUp::unknown},
+     kUnfused},
     {"gpt-oss",
      {"gpt_oss"},
      RouterKind::logits_softmax,
@@ -65,7 +52,7 @@ constexpr ModelFamily kFamilies[] = {
      RouterKind::logits_sigmoid,
      false,
      false,
-     Activation::silu,
+     kSilu,
      kFeedForward,
      FusedGateUp::halves},
 };
