@@ -6,7 +6,8 @@
 #include <vector>
 
 #include "fuzz_common.hpp"
-#include "io/safetensors.hpp"
+#include "io/case_file.hpp"
+#include "io/mapped_safetensors.hpp"
 
 namespace {
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "io/safetensors.hpp"
+#include "io/safetensors_writer.hpp"
 #include "w4a8moe/w4a8moe.hpp"
 
 namespace {

@@ -9,15 +9,18 @@
 #include <stdlib.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "checkpoint_writers.hpp"
 #include "common/numeric.hpp"
 #include "io/checkpoint.hpp"
+#include "pack/packed_format.hpp"
 #include "reference/reference.hpp"
 #include "w4a8moe/routing.hpp"
 #include "w4a8moe/w4a8moe.hpp"
@@ -259,6 +262,45 @@ inline LayerRun check_shared(const std::string& path, int layer, const std::vect
   }
   check_forward(*source, io::pack_layer(*source, 2), run);
   return run;
+}
+
+// Packing the experts [range.first, range.first + range.count) of layer `layer` (range.count -1:
+// to the last) gives, byte for byte, those expert blocks of the whole layer's packed weights, in
+// ascending order, and converts only their rows.
+inline void check_expert_range(const std::string& path, int layer, w4a8moe::io::ExpertRange range,
+                               const w4a8moe::io::LoadOptions& base = {}) {
+  using namespace w4a8moe;
+  SCOPED_TRACE(::testing::Message() << "experts [" << range.first << ", +" << range.count << ")");
+  const std::unique_ptr<io::LayerSource> whole = io::open_layer(path, layer, base);
+  const io::PackedLayer all = io::pack_layer(*whole, 2);
+  io::LoadOptions options = base;
+  options.experts = range;
+  const std::unique_ptr<io::LayerSource> part = io::open_layer(path, layer, options);
+  const int64_t E = whole->info().experts;
+  const int64_t count = range.count == -1 ? E - range.first : range.count;
+  EXPECT_EQ(part->experts().first, range.first);
+  EXPECT_EQ(part->experts().count, count);
+  EXPECT_EQ(part->info().experts, E) << "the source stays the whole layer's";
+  const io::PackedLayer some = io::pack_layer(*part, 2);
+  for (const auto& [mine, full, role] :
+       {std::tuple{&some.w13, &all.w13, "w13"}, std::tuple{&some.w2, &all.w2, "w2"}}) {
+    const detail::Geometry g = detail::read_geometry(mine->bytes(), role);
+    const detail::Geometry f = detail::read_geometry(full->bytes(), role);
+    EXPECT_EQ(g.experts, count) << role;
+    ASSERT_EQ(g.expert_bytes, f.expert_bytes) << role;
+    ASSERT_EQ(mine->size(), detail::kHeaderBytes + static_cast<size_t>(count) * g.expert_bytes)
+        << role;
+    EXPECT_EQ(std::memcmp(mine->bytes().data() + detail::kHeaderBytes,
+                          full->bytes().data() + detail::kHeaderBytes +
+                              static_cast<size_t>(range.first) * f.expert_bytes,
+                          static_cast<size_t>(count) * g.expert_bytes),
+              0)
+        << role << ": the range's expert blocks differ from the whole layer's";
+  }
+  const std::vector<io::Conversion> mine = part->conversions(), full = whole->conversions();
+  for (size_t i = 0; i < mine.size(); ++i)
+    EXPECT_EQ(mine[i].elements, full[i].elements / E * count)
+        << mine[i].tensor << ": only the range's rows are converted";
 }
 
 }  // namespace ckpt_test

@@ -11,7 +11,7 @@
 #include <random>
 #include <stdexcept>
 
-#include "io/safetensors.hpp"
+#include "io/safetensors_writer.hpp"
 
 using nlohmann::json;
 using w4a8moe::DType;
@@ -79,30 +79,12 @@ uint16_t f16_bits(float v) {
 void GgufWriter::kv_raw(const std::string& key, uint32_t type, const std::vector<uint8_t>& value) {
   kvs_.push_back({key, type, value});
 }
-void GgufWriter::kv_u32(const std::string& key, uint32_t v) {
-  Bytes b;
-  b.put(v);
-  kv_raw(key, kU32, b.data);
-}
-void GgufWriter::kv_i32(const std::string& key, int32_t v) {
-  Bytes b;
-  b.put(v);
-  kv_raw(key, kI32, b.data);
-}
-void GgufWriter::kv_u64(const std::string& key, uint64_t v) {
-  Bytes b;
-  b.put(v);
-  kv_raw(key, kU64, b.data);
-}
-void GgufWriter::kv_f32(const std::string& key, float v) {
-  Bytes b;
-  b.put(v);
-  kv_raw(key, kF32, b.data);
-}
+void GgufWriter::kv_u32(const std::string& key, uint32_t v) { kv_scalar(key, kU32, v); }
+void GgufWriter::kv_i32(const std::string& key, int32_t v) { kv_scalar(key, kI32, v); }
+void GgufWriter::kv_u64(const std::string& key, uint64_t v) { kv_scalar(key, kU64, v); }
+void GgufWriter::kv_f32(const std::string& key, float v) { kv_scalar(key, kF32, v); }
 void GgufWriter::kv_bool(const std::string& key, bool v) {
-  Bytes b;
-  b.put<uint8_t>(v ? 1 : 0);
-  kv_raw(key, kBool, b.data);
+  kv_scalar(key, kBool, static_cast<uint8_t>(v ? 1 : 0));
 }
 void GgufWriter::kv_string(const std::string& key, const std::string& v) {
   Bytes b;

@@ -109,6 +109,12 @@ class GgufWriter {
   std::vector<GgufWriter> split(int count) const;
 
  private:
+  template <class T>
+  void kv_scalar(const std::string& key, uint32_t type, T v) {
+    Bytes b;
+    b.put(v);
+    kv_raw(key, type, b.data);
+  }
   struct Kv {
     std::string key;
     uint32_t type;

@@ -10,7 +10,7 @@
 
 #include "io/ggml_types.hpp"
 #include "io/gguf.hpp"
-#include "io/safetensors.hpp"
+#include "io/safetensors_writer.hpp"
 
 int main(int argc, char** argv) {
   if (argc != 3) {

@@ -18,7 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "io/safetensors.hpp"
+#include "io/safetensors_file.hpp"
+#include "io/safetensors_writer.hpp"
 #include "program_runner.hpp"
 #include "reference/reference.hpp"
 #include "w4a8moe/w4a8moe.hpp"

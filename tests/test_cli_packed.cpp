@@ -16,7 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "io/safetensors.hpp"
+#include "io/safetensors_file.hpp"
+#include "io/safetensors_writer.hpp"
 #include "program_runner.hpp"
 #include "test_util.hpp"
 #include "w4a8moe/w4a8moe.hpp"

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <random>
 
+#include "checkpoint_families.hpp"
 #include "checkpoint_test_util.hpp"
 #include "checkpoint_writers.hpp"
 
@@ -184,14 +185,7 @@ TEST(CompressedTensors, GptOssFusedBf16Experts) {
   // gate_up_proj [E, H, 2I] with gate and up interleaved, biases, a router bias, clamped SwiGLU
   TempDir dir;
   CtSpec spec;
-  spec.model_type = "gpt_oss";
-  spec.fused = "bf16";
-  spec.expert_bias = spec.router_bias = true;
-  spec.layers = 1;
-  spec.H = 64;
-  spec.I = 96;
-  spec.E = 8;
-  spec.K = 2;
+  family("GptOss").ct(spec);
   CtModel c = make_ct(spec);
   c.writer.write(dir / "ckpt");
   const auto source = io::open_layer(dir / "ckpt", 0, {});
@@ -215,21 +209,18 @@ TEST(CompressedTensors, GptOssFusedBf16Experts) {
   EXPECT_EQ(w.b2, c.layers[0].b2);
   EXPECT_EQ(source->router().bias, c.layers[0].router_bias);
   for (const io::Conversion& k : source->conversions()) EXPECT_GT(k.relative_rms(), 0.01);
-  check_layer(dir / "ckpt", 0, RouteSpec{"softmax_topk", false});
+  // routing, forward and a range of experts: CtFamily/GptOss
 }
 
 TEST(CompressedTensors, GptOssMxfp4Experts) {
   // as gpt-oss ships: gate_up_proj_blocks / _scales, one row per output (interleaved)
   TempDir dir;
   CtSpec spec;
-  spec.model_type = "gpt_oss";
+  family("GptOss").ct(spec);
   spec.fused = "mxfp4";
-  spec.expert_bias = spec.router_bias = true;
-  spec.layers = 1;
   spec.H = 96;
   spec.I = 64;
   spec.E = 4;
-  spec.K = 2;
   CtModel c = make_ct(spec);
   c.writer.write(dir / "ckpt");
   const auto source = io::open_layer(dir / "ckpt", 0, {});
@@ -240,6 +231,7 @@ TEST(CompressedTensors, GptOssMxfp4Experts) {
   expect_quantized_from(w, c.dense, spec.E, spec.H, spec.I);
   EXPECT_EQ(w.b13, c.layers[0].b13);
   check_layer(dir / "ckpt", 0, RouteSpec{"softmax_topk", false});
+  check_expert_range(dir / "ckpt", 0, {3, 1});
   io::LoadOptions exact;
   exact.require_exact = true;
   EXPECT_THAT(error_of([&] { io::open_layer(dir / "ckpt", 0, exact); }),
@@ -277,51 +269,20 @@ TEST(CompressedTensors, Llama4FusedExpertsAndSharedExpert) {
   check_shared(dir / "ckpt", 1, {});
 }
 
-TEST(CompressedTensors, Llama4PerExpertPackedAsLlmCompressorSavesIt) {
+// ---------------------------------------------------------------------------------------------
+// Whole layers of every model family against the independent references (checkpoint_families)
+
+class CtFamily : public ::testing::TestWithParam<FamilyRow> {};
+
+TEST_P(CtFamily, LayerRoutesAndRunsAsTheModel) {
+  const FamilyRow& row = GetParam();
   TempDir dir;
-  CtSpec spec;
-  spec.model_type = "llama4";
-  spec.layers = 1;
-  spec.E = 4;
-  spec.K = 1;
-  CtModel c = make_ct(spec);
+  const CtModel c = family_ct(row);
   c.writer.write(dir / "ckpt");
-  const auto source = io::open_layer(dir / "ckpt", 0, {});
-  EXPECT_EQ(load_all(*source).w13, c.layers[0].w13);
-  check_layer(dir / "ckpt", 0, RouteSpec{"sigmoid", false});
+  check_family(dir / "ckpt", static_cast<int>(c.layers.size()) - 1, row, row.ct_check, c.layers);
 }
 
-TEST(CompressedTensors, Qwen3MoeLayer) {
-  TempDir dir;
-  CtSpec spec;
-  spec.H = 128;
-  spec.I = 64;
-  spec.E = 16;
-  spec.K = 4;
-  make_ct(spec).writer.write(dir / "ckpt");
-  check_layer(dir / "ckpt", 1, RouteSpec{"softmax", true});
-}
-
-TEST(CompressedTensors, DeepSeekV3LayerFromShards) {
-  TempDir dir;
-  CtSpec spec;
-  spec.model_type = "deepseek_v3";
-  spec.shards = 3;
-  spec.E = 16;
-  spec.K = 4;
-  CtModel c = make_ct(spec);
-  c.writer.config["scoring_func"] = "sigmoid";
-  c.writer.config["topk_method"] = "noaux_tc";
-  c.writer.config["n_group"] = 4;
-  c.writer.config["topk_group"] = 2;
-  c.writer.config["routed_scaling_factor"] = 2.5;
-  c.writer.config["norm_topk_prob"] = true;
-  c.writer.write(dir / "ckpt");
-  const auto source = io::open_layer(dir / "ckpt", 1, {});
-  EXPECT_EQ(source->info().routing.group_score, GroupScore::top2_sum);
-  EXPECT_FALSE(source->info().has_shared_expert);
-  check_layer(dir / "ckpt", 1, RouteSpec{"sigmoid", true, 2.5, 4, 2, true});
-}
+INSTANTIATE_TEST_SUITE_P(Families, CtFamily, ::testing::ValuesIn(hf_families()), family_test_name);
 
 // ---------------------------------------------------------------------------------------------
 // Shared experts
@@ -330,18 +291,11 @@ TEST(CompressedTensors, DeepSeekV3SharedExpertsAddedAsIs) {
   // mlp.shared_experts (pack-quantized like the experts, I = 2 x 64): weight 1 for every token
   TempDir dir;
   CtSpec spec;
-  spec.model_type = "deepseek_v3";
+  family("DeepSeekV3").ct(spec);
   spec.shards = 2;
-  spec.E = 16;
-  spec.K = 4;
   spec.shared = "shared_experts";
   CtModel c = make_ct(spec);
-  c.writer.config["scoring_func"] = "sigmoid";
-  c.writer.config["topk_method"] = "noaux_tc";
-  c.writer.config["n_group"] = 4;
-  c.writer.config["topk_group"] = 2;
-  c.writer.config["routed_scaling_factor"] = 2.5;
-  c.writer.config["norm_topk_prob"] = true;
+  family("DeepSeekV3").config(c.writer.config);
   c.writer.write(dir / "ckpt");
   EXPECT_TRUE(io::open_layer(dir / "ckpt", 1, {})->info().has_shared_expert);
   io::LoadOptions options;
@@ -378,16 +332,6 @@ TEST(CompressedTensors, Qwen2MoeSharedExpertWithItsGate) {
   EXPECT_EQ(w.w13, c.shared[0].w13);
   EXPECT_EQ(bits16(w.w2_scale_bytes), bf16_of(c.shared[0].w2_s));
   check_shared(dir / "ckpt", 0, c.shared[0].router);
-}
-
-TEST(CompressedTensors, MixtralNamingAndRouting) {
-  TempDir dir;
-  CtSpec spec;
-  spec.model_type = "mixtral";
-  spec.mixtral_names = true;
-  spec.layers = 1;
-  make_ct(spec).writer.write(dir / "ckpt");
-  check_layer(dir / "ckpt", 0, RouteSpec{"softmax", true});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -546,10 +490,10 @@ TEST_F(CtMalformed, TensorProblems) {
 TEST_F(CtMalformed, FusedAndSharedExpertProblems) {
   const auto fused = [](const std::string& type) {
     CtSpec spec;
-    spec.model_type = "gpt_oss";
+    family("GptOss").ct(spec);
     spec.fused = type;
-    spec.expert_bias = true;
-    spec.layers = 1;
+    spec.router_bias = false;
+    spec.H = spec.I = 64;
     spec.E = 4;
     return make_ct(spec);
   };

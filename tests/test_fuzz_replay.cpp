@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "io/safetensors.hpp"
+#include "io/safetensors_file.hpp"
 
 int w4a8moe_fuzz_api(const uint8_t* data, size_t size);
 int w4a8moe_fuzz_packed(const uint8_t* data, size_t size);

@@ -11,6 +11,7 @@
 #include <limits>
 #include <random>
 
+#include "checkpoint_families.hpp"
 #include "checkpoint_test_util.hpp"
 #include "checkpoint_writers.hpp"
 #include "io/ggml_types.hpp"
@@ -298,83 +299,54 @@ TEST(Gguf, RefusesConversionsWhenExactIsRequiredAndTypesItCannotConvert) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Whole layers against the independent references
+// Whole layers of every model family against the independent references (checkpoint_families)
 
-TEST(Gguf, Qwen3MoeLayer) {
+class GgufFamily : public ::testing::TestWithParam<FamilyRow> {};
+
+TEST_P(GgufFamily, LayerRoutesAndRunsAsTheModel) {
+  const FamilyRow& row = GetParam();
   TempDir dir;
-  GgufSpec spec;
-  spec.H = 128;
-  spec.I = 96;
-  spec.E = 16;
-  spec.K = 4;
-  make_gguf(spec).writer.write(dir / "qwen.gguf");
-  const auto source = io::open_layer(dir / "qwen.gguf", 1, {});
-  EXPECT_EQ(source->info().routing.gating, Gating::softmax);
-  EXPECT_TRUE(source->info().routing.renormalize);
-  check_layer(dir / "qwen.gguf", 1, RouteSpec{"softmax", true});
+  const GgufModel g = family_gguf(row);
+  g.writer.write(dir / "m.gguf");
+  check_family(dir / "m.gguf", static_cast<int>(g.layers.size()) - 1, row, row.gguf_check,
+               g.layers);
 }
 
-TEST(Gguf, DeepSeekV3LikeLayer) {
-  // sigmoid gating, a selection bias, 4 groups of which 2 are used, renormalised and scaled;
-  // gate/up Q4_0 (exact) with down F16 (converted): w13 keeps f16 scales, w2 gets f32 ones
-  TempDir dir;
-  GgufSpec spec;
-  spec.arch = "deepseek2";
-  spec.layers = 1;
-  spec.H = 96;
-  spec.I = 64;
-  spec.E = 16;
-  spec.K = 4;
-  spec.types[2] = kTF16;
-  spec.selection_bias = true;
-  GgufModel g = make_gguf(spec);
-  g.writer.kv_u32("deepseek2.expert_gating_func", 2);
-  g.writer.kv_bool("deepseek2.expert_weights_norm", true);
-  g.writer.kv_f32("deepseek2.expert_weights_scale", 2.5f);
-  g.writer.kv_u32("deepseek2.expert_group_count", 4);
-  g.writer.kv_u32("deepseek2.expert_group_used_count", 2);
-  g.writer.write(dir / "ds.gguf");
-  const auto source = io::open_layer(dir / "ds.gguf", 0, {});
-  const io::LayerInfo& info = source->info();
-  EXPECT_EQ(info.routing.gating, Gating::sigmoid);
-  EXPECT_EQ(info.routing.groups, 4);
-  EXPECT_EQ(info.routing.groups_used, 2);
-  EXPECT_EQ(info.routing.group_score, GroupScore::top2_sum);
-  EXPECT_FLOAT_EQ(info.routing.scaling, 2.5f);
-  EXPECT_EQ(info.w13_scale_dtype, DType::f16);
-  EXPECT_EQ(info.w2_scale_dtype, DType::f32);
-  check_layer(dir / "ds.gguf", 0, RouteSpec{"sigmoid", true, 2.5, 4, 2, true});
-}
+INSTANTIATE_TEST_SUITE_P(Families, GgufFamily, ::testing::ValuesIn(gguf_families()),
+                         family_test_name);
 
-TEST(Gguf, GptOssLikeLayer) {
-  // MXFP4 experts (converted), expert and router biases, top-k on the logits then softmax over
-  // the chosen, swigluoai
+TEST(Gguf, ExpertRangesPackTheirBlocksAndAreChecked) {
   TempDir dir;
   GgufSpec spec;
-  spec.arch = "gpt-oss";
   spec.layers = 1;
-  spec.H = spec.I = 64;
-  spec.E = 8;
-  spec.K = 2;
-  spec.types[0] = spec.types[1] = spec.types[2] = kTMXFP4;
-  spec.expert_bias = spec.router_bias = true;
-  make_gguf(spec).writer.write(dir / "oss.gguf");
-  const auto source = io::open_layer(dir / "oss.gguf", 0, {});
-  EXPECT_EQ(source->info().params.activation, Activation::swigluoai);
-  EXPECT_TRUE(source->info().expert_bias);
-  check_layer(dir / "oss.gguf", 0, RouteSpec{"softmax_topk", false});
-}
-
-TEST(Gguf, Llama4LikeLayerAppliesTheRouterWeightOnTheInput) {
-  TempDir dir;
-  GgufSpec spec;
-  spec.arch = "llama4";
-  spec.layers = 1;
-  spec.K = 1;
-  make_gguf(spec).writer.write(dir / "l4.gguf");
-  const auto source = io::open_layer(dir / "l4.gguf", 0, {});
-  EXPECT_TRUE(source->info().params.apply_router_weight_on_input);
-  check_layer(dir / "l4.gguf", 0, RouteSpec{"sigmoid", false});
+  spec.E = 6;
+  spec.types[1] = kTQ8_0;  // converted: only the range's rows
+  make_gguf(spec).writer.write(dir / "m.gguf");
+  check_expert_range(dir / "m.gguf", 0, {0, 1});
+  check_expert_range(dir / "m.gguf", 0, {5, 1});
+  check_expert_range(dir / "m.gguf", 0, {2, -1});
+  check_expert_range(dir / "m.gguf", 0, {0, 6});
+  const auto range_error = [&](io::ExpertRange range) {
+    io::LoadOptions options;
+    options.experts = range;
+    return error_of([&] { io::open_layer(dir / "m.gguf", 0, options); });
+  };
+  EXPECT_EQ(range_error({4, 3}),
+            "LoadOptions::experts: expected a range [first, first + count) within the layer's "
+            "experts [0, 6) with count >= 1 (or -1: to the last), got first 4, count 3");
+  EXPECT_THAT(range_error({-1, 2}), HasSubstr("got first -1, count 2"));
+  EXPECT_THAT(range_error({0, 0}), HasSubstr("got first 0, count 0"));
+  EXPECT_THAT(range_error({6, -1}), HasSubstr("within the layer's experts [0, 6)"));
+  // a shared-expert source is one expert
+  io::LoadOptions shared;
+  shared.shared_expert = true;
+  GgufSpec with_shared = spec;
+  with_shared.shared_expert = true;
+  make_gguf(with_shared).writer.write(dir / "s.gguf");
+  check_expert_range(dir / "s.gguf", 0, {0, 1}, shared);
+  shared.experts = {1, 1};
+  EXPECT_THAT(error_of([&] { io::open_layer(dir / "s.gguf", 0, shared); }),
+              HasSubstr("within the layer's experts [0, 1)"));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -11,9 +11,11 @@
 #include <fstream>
 #include <sstream>
 
+#include "checkpoint_families.hpp"
 #include "checkpoint_test_util.hpp"
 #include "checkpoint_writers.hpp"
-#include "io/safetensors.hpp"
+#include "io/safetensors_file.hpp"
+#include "io/safetensors_writer.hpp"
 #include "program_runner.hpp"
 
 namespace {
@@ -45,6 +47,20 @@ class LayerCli : public ::testing::Test {
     EXPECT_THAT(r.err, StartsWith("w4a8moe layer: "));
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
     return r.err;
+  }
+  // Layer 0 of `model` (one token): the packed layer is over 14 MiB and the peak resident
+  // memory stays within 30 MiB of it, whatever the file's size.
+  void expect_streams(std::vector<std::string> model) {
+    model.insert(model.end(), {"--layer", "0", "--tokens", "1", "--threads", "2", "--repeat", "1"});
+    const Result r = run(model);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    const size_t at_packed = r.out.find("(packed "), at_peak = r.out.find("peak resident memory ");
+    ASSERT_NE(at_packed, std::string::npos) << r.out;
+    ASSERT_NE(at_peak, std::string::npos) << r.out;
+    const double packed = std::stod(r.out.substr(at_packed + 8));
+    const double peak = std::stod(r.out.substr(at_peak + 21));
+    EXPECT_GT(packed, 14.0);
+    EXPECT_LT(peak, packed + 30.0) << "the loader held more than the packed layer and a chunk";
   }
   TempDir dir_;
 };
@@ -126,17 +142,10 @@ TEST_F(LayerCli, ConvertedWeightsReportTheirErrorOrAreRefused) {
 
 TEST_F(LayerCli, CompressedTensorsFolder) {
   CtSpec spec;
-  spec.model_type = "deepseek_v3";
+  family("DeepSeekV3").ct(spec);
   spec.shards = 2;
-  spec.E = 16;
-  spec.K = 4;
   CtModel c = make_ct(spec);
-  c.writer.config["scoring_func"] = "sigmoid";
-  c.writer.config["topk_method"] = "noaux_tc";
-  c.writer.config["n_group"] = 4;
-  c.writer.config["topk_group"] = 2;
-  c.writer.config["routed_scaling_factor"] = 2.5;
-  c.writer.config["norm_topk_prob"] = true;
+  family("DeepSeekV3").config(c.writer.config);
   c.writer.write(dir_ / "ckpt");
   const Result r = run({"--model", dir_ / "ckpt", "--layer", "1", "--tokens", "9", "--threads", "2",
                         "--repeat", "1", "--compare", "--output", dir_ / "o.safetensors"});
@@ -166,17 +175,8 @@ TEST_F(LayerCli, LoadingStreams) {
   const double file_mib =
       static_cast<double>(std::filesystem::file_size(dir_ / "big.gguf")) / (1 << 20);
   ASSERT_GT(file_mib, 45.0);
-  const Result r = run({"--model", dir_ / "big.gguf", "--layer", "0", "--tokens", "1", "--threads",
-                        "2", "--repeat", "1"});
-  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  const size_t at_packed = r.out.find("(packed "), at_peak = r.out.find("peak resident memory ");
-  ASSERT_NE(at_packed, std::string::npos) << r.out;
-  ASSERT_NE(at_peak, std::string::npos) << r.out;
-  const double packed = std::stod(r.out.substr(at_packed + 8));
-  const double peak = std::stod(r.out.substr(at_peak + 21));
-  EXPECT_GT(packed, 14.0);
-  EXPECT_LT(peak, packed + 30.0) << "the loader held more than the packed layer and a chunk ("
-                                 << file_mib << " MiB file)";
+  SCOPED_TRACE(::testing::Message() << file_mib << " MiB file");
+  expect_streams({"--model", dir_ / "big.gguf"});
 }
 
 TEST_F(LayerCli, SharedExpertIsIncludedOnlyWhenAsked) {
@@ -285,10 +285,9 @@ TEST_F(LayerCli, FusedExpertsAndSharedExpertOfAHuggingFaceFolder) {
   EXPECT_THAT(r.out, HasSubstr("compare: relative RMS error "));
   // gpt-oss's MXFP4 experts, --exact refuses them
   CtSpec oss;
-  oss.model_type = "gpt_oss";
+  family("GptOss").ct(oss);
   oss.fused = "mxfp4";
-  oss.expert_bias = oss.router_bias = true;
-  oss.layers = 1;
+  oss.H = oss.I = 64;
   oss.E = 4;
   make_ct(oss).writer.write(dir_ / "oss");
   const Result o =
@@ -319,16 +318,7 @@ TEST_F(LayerCli, LoadingHuggingFaceFoldersStreams) {
     spec.K = 1;
     const std::string folder = dir_ / (*fused ? "fused" : "experts");
     make_ct(spec).writer.write(folder);
-    const Result r = run(
-        {"--model", folder, "--layer", "0", "--tokens", "1", "--threads", "2", "--repeat", "1"});
-    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-    const size_t at_packed = r.out.find("(packed "), at_peak = r.out.find("peak resident memory ");
-    ASSERT_NE(at_packed, std::string::npos) << r.out;
-    ASSERT_NE(at_peak, std::string::npos) << r.out;
-    const double packed = std::stod(r.out.substr(at_packed + 8));
-    const double peak = std::stod(r.out.substr(at_peak + 21));
-    EXPECT_GT(packed, 14.0);
-    EXPECT_LT(peak, packed + 30.0) << "the loader held more than the packed layer and a chunk";
+    expect_streams({"--model", folder});
   }
 }
 

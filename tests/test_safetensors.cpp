@@ -16,7 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "io/safetensors.hpp"
+#include "io/case_file.hpp"
+#include "io/safetensors_writer.hpp"
 #include "w4a8moe/w4a8moe.hpp"
 
 namespace w4a8moe::io {

@@ -5,6 +5,9 @@
 //   Router router = source->router();                    // f32 [E, H] and biases
 //   PackedLayer packed = pack_layer(*source, threads);   // streams the experts into the packer
 //
+// LoadOptions::experts restricts the packed weights to a contiguous range of experts (expert
+// parallelism: each rank packs its share).
+//
 // A layer's shared expert (DeepSeek, Qwen2-MoE, Llama-4: an MLP every token goes through) is a
 // source of its own, opened with LoadOptions::shared_expert: one expert (E = K = 1) of its own
 // intermediate size, run by the same W4A8 path with weight 1 (DeepSeek, Llama-4 add its output
@@ -31,11 +34,23 @@
 
 namespace w4a8moe::io {
 
+// A contiguous range [first, first + count) of a layer's global expert indices.
+struct ExpertRange {
+  int64_t first = 0;
+  int64_t count = -1;  // -1: every expert from `first` on
+};
+
 struct LoadOptions {
   int group_size = 32;  // for converted tensors (an exact source's own group size wins)
   QuantRule rule = QuantRule::q4_0;
   bool require_exact = false;  // refuse any conversion
   bool shared_expert = false;  // open the layer's shared expert instead of its routed experts
+  // The experts pack_layer() loads (default: all), e.g. one rank's share under expert
+  // parallelism: the packed w13 and w2 then hold only these, in ascending global order, and only
+  // their rows are read and converted. open_layer() throws Error unless 0 <= first and
+  // 1 <= count <= E - first (count -1: E - first). The source's info(), router() and routing
+  // stay the whole layer's (E experts, global ids); load_expert() takes any global index.
+  ExpertRange experts;
 };
 
 // How one of the layer's weight tensors (gate, up, down) became int4.
@@ -94,6 +109,8 @@ class LayerSource {
   virtual void release_expert(int64_t e) const = 0;
   // The gate, up and down tensors, with the error of converted ones so far.
   std::vector<Conversion> conversions() const;
+  // The experts pack_layer() loads: LoadOptions::experts, checked, count resolved.
+  const ExpertRange& experts() const noexcept { return experts_; }
 
  protected:
   // Adds converted rows' statistics (thread-safe); index 0 gate, 1 up, 2 down.
@@ -101,6 +118,10 @@ class LayerSource {
   LayerInfo info_;
   mutable std::mutex mutex_;
   mutable std::vector<Conversion> conversions_;  // set by the subclass
+
+ private:
+  friend std::unique_ptr<LayerSource> open_layer(const std::string&, int, const LoadOptions&);
+  ExpertRange experts_;
 };
 
 // A .gguf file (or any file starting with the GGUF magic), or a folder with config.json (and
@@ -108,11 +129,11 @@ class LayerSource {
 // problem (missing tensors, unsupported types, layer without experts, ...).
 std::unique_ptr<LayerSource> open_layer(const std::string& path, int layer,
                                         const LoadOptions& options);
-// The two loaders open_layer() dispatches to (gguf_layer.cpp, compressed_tensors.cpp).
+// The two loaders open_layer() dispatches to (gguf_layer.cpp, hf_layer.cpp).
 std::unique_ptr<LayerSource> open_gguf_layer(const std::string& path, int layer,
                                              const LoadOptions& options);
-std::unique_ptr<LayerSource> open_compressed_tensors_layer(const std::string& folder, int layer,
-                                                           const LoadOptions& options);
+std::unique_ptr<LayerSource> open_hf_layer(const std::string& folder, int layer,
+                                           const LoadOptions& options);
 
 // The experts and weights of T tokens x [T, H] (f32/bf16/f16): the router's logits in f32, then
 // route() with the source's routing. A shared-expert source gives id 0 and weight
@@ -151,11 +172,15 @@ struct PackedLayer {
   PackedWeights w13, w2;
 };
 
-// Streams every expert of the source into the packer, `threads` experts at a time (decoded in
-// parallel). Peak memory: the packed layer plus one chunk of unpacked experts.
+// Streams the source's experts (source.experts(): all, or the range LoadOptions::experts chose)
+// into the packer, `threads` experts at a time (decoded in parallel; threads <= 0: one per
+// hardware thread). Peak memory: the packed layer plus one chunk of unpacked experts.
 // `progress` (optional) is called with the fraction of experts done after each chunk.
 PackedLayer pack_layer(const LayerSource& source, int threads,
                        const std::function<void(double)>& progress = {});
+
+// `threads`, or one per hardware thread when threads <= 0.
+int loader_threads(int threads);
 
 // The float reference of the layer (docs/testing.md, "The references") over the int4 weights as
 // loaded (dequantized w * s), without activation quantization, in double: out [T, H]. x [T, H] f32;

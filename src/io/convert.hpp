@@ -8,6 +8,13 @@
 
 namespace w4a8moe::io {
 
+// Projection `which` of an expert (0 gate, 1 up: [I, H]; 2 down: [H, I]): output rows, input
+// columns, and scale groups per row at the layer's group size.
+struct ProjectionShape {
+  int64_t rows = 0, cols = 0, groups = 1;
+};
+ProjectionShape projection_shape(const LayerInfo& info, int which);
+
 // int4 values in [-8, 7] -> nibbles: dst[j] = (v[2j] + 8) | (v[2j + 1] + 8) << 4. n even.
 void pack_nibbles(const int8_t* values, int64_t n, uint8_t* dst);
 

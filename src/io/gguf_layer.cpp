@@ -14,7 +14,6 @@
 // logits), expert_weights_norm, expert_weights_scale, expert_group_count,
 // expert_group_used_count. Where a key is absent the architecture's llama.cpp default applies.
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -24,37 +23,14 @@
 #include "io/checkpoint.hpp"
 #include "io/convert.hpp"
 #include "io/gguf.hpp"
+#include "io/gguf_split.hpp"
+#include "io/model_family.hpp"
 
 namespace w4a8moe::io {
 
 namespace {
 
 using detail::cat;
-
-// What llama.cpp does for each architecture when the metadata does not say.
-struct ArchDefaults {
-  const char* arch;
-  Gating gating;
-  bool renormalize;
-  Activation activation;
-  bool on_input;
-};
-constexpr ArchDefaults kArchs[] = {
-    {"llama", Gating::softmax, true, Activation::silu, false},  // Mixtral
-    {"qwen2moe", Gating::softmax, false, Activation::silu, false},
-    {"qwen3moe", Gating::softmax, true, Activation::silu, false},
-    {"qwen3vlmoe", Gating::softmax, true, Activation::silu, false},
-    {"olmoe", Gating::softmax, false, Activation::silu, false},
-    {"deepseek2", Gating::softmax, false, Activation::silu, false},
-    {"gpt-oss", Gating::softmax_topk, false, Activation::swigluoai, false},
-    {"llama4", Gating::sigmoid, false, Activation::silu, true},
-};
-
-std::string known_archs() {
-  std::string s;
-  for (const ArchDefaults& a : kArchs) s += cat(s.empty() ? "" : ", ", a.arch);
-  return s;
-}
 
 enum class Kind { exact_q4_0, convert };
 
@@ -69,7 +45,6 @@ class GgufLayer final : public LayerSource {
   [[noreturn]] void fail(const std::string& problem) const {
     throw Error(cat("GGUF file '", path_, "': ", problem));
   }
-  void open_splits();
   std::string name(const char* suffix) const { return cat("blk.", info_.layer, ".", suffix); }
   const GgufFile& meta() const { return files_.front(); }
   const GgufTensor* find_tensor(const std::string& n) const;
@@ -80,8 +55,8 @@ class GgufLayer final : public LayerSource {
   void check_shape(const GgufTensor& t, std::initializer_list<int64_t> ne) const;
   void check_float_type(const GgufTensor& t) const;
   std::vector<float> read_floats(const GgufTensor& t) const;
-  void init_routed(const ArchDefaults& defaults);
-  void init_shared(const ArchDefaults& defaults);
+  void init_routed(const ModelFamily& family);
+  void init_shared(const ModelFamily& family);
   // Q4_0 tensors map exactly; others are converted (or refused): sets the group size and the
   // scale dtypes of the three expert tensors.
   void choose_types();
@@ -117,47 +92,6 @@ const GgufFile& GgufLayer::owner(const GgufTensor& t) const {
         !before(&f.tensors().back(), &t))
       return f;
   fail(cat("tensor '", t.name, "' belongs to no file (internal error)"));
-}
-
-// A model split by llama.cpp's gguf-split: "<prefix>-00001-of-0000N.gguf" ... with metadata
-// split.no (0-based) and split.count in every file; the first holds the model's metadata.
-void GgufLayer::open_splits() {
-  const std::optional<int64_t> count = files_.front().get_int("split.count");
-  if (!count || *count <= 1) return;
-  // "<prefix>-NNNNN-of-MMMMM.gguf": 20 characters after the prefix
-  const auto digits = [&](size_t at) {
-    int64_t v = 0;
-    for (size_t i = at; i < at + 5; ++i) {
-      if (path_[i] < '0' || path_[i] > '9') return int64_t{-1};
-      v = v * 10 + (path_[i] - '0');
-    }
-    return v;
-  };
-  const size_t n = path_.size();
-  const bool named = n > 20 && path_[n - 20] == '-' && path_.compare(n - 14, 4, "-of-") == 0 &&
-                     path_.compare(n - 5, 5, ".gguf") == 0 && digits(n - 19) >= 1 &&
-                     digits(n - 10) == *count && digits(n - 19) <= *count;
-  if (!named)
-    fail(cat("metadata 'split.count' says the model is split in ", *count,
-             " files, but the name does not end in -NNNNN-of-", *count, ".gguf"));
-  const std::string prefix = path_.substr(0, n - 20);
-  const int64_t given_no = digits(n - 19) - 1;
-  GgufFile given = std::move(files_.front());
-  files_.clear();
-  for (int64_t i = 0; i < *count; ++i) {
-    char suffix[64];
-    std::snprintf(suffix, sizeof suffix, "-%05lld-of-%05lld.gguf", static_cast<long long>(i + 1),
-                  static_cast<long long>(*count));
-    files_.push_back(i == given_no ? std::move(given) : GgufFile::open(prefix + suffix));
-    const GgufFile& f = files_.back();
-    const std::optional<int64_t> no = f.get_int("split.no");
-    const std::optional<int64_t> total = f.get_int("split.count");
-    if (no != i || total != *count)
-      throw Error(cat("GGUF file '", f.path(), "': expected split ", i, " of ", *count,
-                      " (metadata split.no and split.count), got split.no ",
-                      no ? std::to_string(*no) : "(none)", " and split.count ",
-                      total ? std::to_string(*total) : "(none)"));
-  }
 }
 
 const GgufTensor& GgufLayer::require(const char* suffix) const {
@@ -199,33 +133,30 @@ std::vector<float> GgufLayer::read_floats(const GgufTensor& t) const {
 
 GgufLayer::GgufLayer(const std::string& path, int layer, const LoadOptions& options)
     : path_(path), options_(options) {
-  files_.push_back(GgufFile::open(path));
-  open_splits();
+  files_ = open_gguf_model(path);
   const GgufFile& meta_file = meta();
   info_.format = "gguf";
   info_.layer = layer;
   const std::optional<std::string> arch = meta_file.get_string("general.architecture");
   if (!arch) fail("metadata 'general.architecture' is missing");
   info_.model = *arch;
-  const ArchDefaults* defaults = nullptr;
-  for (const ArchDefaults& a : kArchs)
-    if (*arch == a.arch) defaults = &a;
-  if (defaults == nullptr)
-    fail(cat("architecture '", *arch, "' is not one whose routing w4a8moe knows (", known_archs(),
-             ")"));
+  const ModelFamily* family = family_of_gguf_arch(*arch);
+  if (family == nullptr)
+    fail(cat("architecture '", *arch, "' is not one whose routing w4a8moe knows (",
+             known_gguf_archs(), ")"));
   const std::string blocks_key = cat(*arch, ".block_count");
   if (const std::optional<int64_t> blocks = meta_file.get_int(blocks_key))
     if (layer >= *blocks)
       fail(cat("layer ", layer, " does not exist: the model has ", *blocks, " blocks (", blocks_key,
                ")"));
   if (options.shared_expert) {
-    init_shared(*defaults);
+    init_shared(*family);
   } else {
-    init_routed(*defaults);
+    init_routed(*family);
   }
 }
 
-void GgufLayer::init_routed(const ArchDefaults& defaults) {
+void GgufLayer::init_routed(const ModelFamily& family) {
   const GgufFile& meta_file = meta();
   const int layer = info_.layer;
   const auto key = [&](const char* suffix) { return cat(info_.model, ".", suffix); };
@@ -300,7 +231,7 @@ void GgufLayer::init_routed(const ArchDefaults& defaults) {
   RoutingConfig& r = info_.routing;
   r.experts = E;
   r.top_k = info_.top_k;
-  r.gating = defaults.gating;
+  r.gating = default_gating(family.router);
   if (const std::optional<int64_t> f = meta_file.get_int(key("expert_gating_func"))) {
     if (*f == 1) {
       r.gating = Gating::softmax;
@@ -314,7 +245,7 @@ void GgufLayer::init_routed(const ArchDefaults& defaults) {
                "chosen)"));
     }
   }
-  r.renormalize = defaults.renormalize;
+  r.renormalize = family.gguf_renormalize;
   if (const std::optional<bool> norm = meta_file.get_bool(key("expert_weights_norm")))
     r.renormalize = *norm;
   if (const std::optional<double> scale = meta_file.get_float(key("expert_weights_scale"));
@@ -340,15 +271,12 @@ void GgufLayer::init_routed(const ArchDefaults& defaults) {
     check_shape(*selection_bias_, {E});
     check_float_type(*selection_bias_);
   }
-  info_.params.activation = defaults.activation;
-  info_.params.apply_router_weight_on_input = defaults.on_input;
-  if (defaults.on_input && info_.top_k != 1)
-    info_.notes.push_back(cat("the router weight is applied on the input with top-k ", info_.top_k,
-                              " (Llama-4 uses 1)"));
+  info_.params.activation = family.activation;
+  apply_router_placement(family, info_);
   for (const char* t : kSharedTensors) info_.has_shared_expert |= optional(t) != nullptr;
 }
 
-void GgufLayer::init_shared(const ArchDefaults& defaults) {
+void GgufLayer::init_shared(const ModelFamily& family) {
   const GgufFile& meta_file = meta();
   const auto key = [&](const char* suffix) { return cat(info_.model, ".", suffix); };
   if (optional(kSharedTensors[0]) == nullptr)
@@ -389,7 +317,7 @@ void GgufLayer::init_shared(const ArchDefaults& defaults) {
     check_float_type(*router_);
     info_.shared_gate = true;
   }
-  info_.params.activation = defaults.activation;
+  info_.params.activation = family.activation;
   info_.params.apply_router_weight_on_input = false;
 }
 

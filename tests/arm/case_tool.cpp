@@ -20,7 +20,8 @@
 #include <vector>
 
 #include "common/numeric.hpp"
-#include "io/safetensors.hpp"
+#include "io/safetensors_file.hpp"
+#include "io/safetensors_writer.hpp"
 #include "w4a8moe/w4a8moe.hpp"
 
 namespace {

@@ -14,7 +14,8 @@
 
 #include "common/numeric.hpp"
 #include "io/checkpoint.hpp"
-#include "io/safetensors.hpp"
+#include "io/safetensors_file.hpp"
+#include "io/safetensors_writer.hpp"
 #include "w4a8moe/commands.hpp"
 #include "w4a8moe/forward_parts.hpp"
 #include "w4a8moe/progress.hpp"

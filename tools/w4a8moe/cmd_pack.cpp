@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <string>
 
-#include "io/safetensors.hpp"
+#include "io/case_file.hpp"
 #include "w4a8moe/commands.hpp"
 #include "w4a8moe/forward_parts.hpp"
 #include "w4a8moe/w4a8moe.hpp"

@@ -7,7 +7,8 @@
 #include <cstring>
 #include <string>
 
-#include "io/safetensors.hpp"
+#include "io/case_file.hpp"
+#include "io/safetensors_writer.hpp"
 #include "w4a8moe/commands.hpp"
 #include "w4a8moe/forward_parts.hpp"
 #include "w4a8moe/parallel.hpp"

@@ -1,0 +1,239 @@
+// The rows of the model families the checkpoint suites run (checkpoint_families.hpp).
+#include "checkpoint_families.hpp"
+
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+
+#include "checkpoint_test_util.hpp"
+
+namespace ckpt_test {
+
+namespace {
+
+using namespace w4a8moe;
+
+// DeepSeek-V3's routing: sigmoid scores with a selection bias, 2 of 4 groups by the sum of their
+// best two, renormalised and scaled by 2.5.
+void deepseek_v3_config(nlohmann::json& config) {
+  config["scoring_func"] = "sigmoid";
+  config["topk_method"] = "noaux_tc";
+  config["n_group"] = 4;
+  config["topk_group"] = 2;
+  config["routed_scaling_factor"] = 2.5;
+  config["norm_topk_prob"] = true;
+}
+
+// A row of one layer of the writers' default sizes.
+FamilyRow default_sized(const char* name, const RouteSpec& route, std::string arch,
+                        std::string model_type) {
+  FamilyRow f;
+  f.name = name;
+  f.route = route;
+  f.gguf = [arch](GgufSpec& s) {
+    s.arch = arch;
+    s.layers = 1;
+  };
+  f.ct = [model_type](CtSpec& s) {
+    s.model_type = model_type;
+    s.layers = 1;
+  };
+  return f;
+}
+
+std::vector<FamilyRow> make_rows() {
+  std::vector<FamilyRow> rows;
+  {
+    FamilyRow f;
+    f.name = "Qwen3Moe";
+    f.route = RouteSpec{"softmax", true};
+    f.gguf = [](GgufSpec& s) {
+      s.H = 128;
+      s.I = 96;
+      s.E = 16;
+      s.K = 4;
+    };
+    f.ct = [](CtSpec& s) {
+      s.H = 128;
+      s.I = 64;
+      s.E = 16;
+      s.K = 4;
+    };
+    rows.push_back(f);
+  }
+  {
+    // gate/up Q4_0 (exact) with down F16 (converted): w13 keeps f16 scales, w2 gets f32 ones;
+    // the folder sharded in three
+    FamilyRow f;
+    f.name = "DeepSeekV3";
+    f.route = RouteSpec{"sigmoid", true, 2.5, 4, 2, true};
+    f.gguf = [](GgufSpec& s) {
+      s.arch = "deepseek2";
+      s.layers = 1;
+      s.H = 96;
+      s.I = 64;
+      s.E = 16;
+      s.K = 4;
+      s.types[2] = kTF16;
+      s.selection_bias = true;
+    };
+    f.gguf_meta = [](GgufWriter& w) {
+      w.kv_u32("deepseek2.expert_gating_func", 2);
+      w.kv_bool("deepseek2.expert_weights_norm", true);
+      w.kv_f32("deepseek2.expert_weights_scale", 2.5f);
+      w.kv_u32("deepseek2.expert_group_count", 4);
+      w.kv_u32("deepseek2.expert_group_used_count", 2);
+    };
+    f.gguf_check = [](const io::LayerSource& source, const std::vector<Moe>&) {
+      const io::LayerInfo& info = source.info();
+      EXPECT_EQ(info.routing.groups, 4);
+      EXPECT_EQ(info.routing.groups_used, 2);
+      EXPECT_EQ(info.routing.group_score, GroupScore::top2_sum);
+      EXPECT_FLOAT_EQ(info.routing.scaling, 2.5f);
+      EXPECT_EQ(info.w13_scale_dtype, DType::f16);
+      EXPECT_EQ(info.w2_scale_dtype, DType::f32);
+    };
+    f.ct = [](CtSpec& s) {
+      s.model_type = "deepseek_v3";
+      s.shards = 3;
+      s.E = 16;
+      s.K = 4;
+    };
+    f.config = deepseek_v3_config;
+    f.ct_check = [](const io::LayerSource& source, const std::vector<Moe>&) {
+      EXPECT_EQ(source.info().routing.group_score, GroupScore::top2_sum);
+      EXPECT_FALSE(source.info().has_shared_expert);
+    };
+    rows.push_back(f);
+  }
+  {
+    // GGUF: MXFP4 experts (converted), expert and router biases, top-k on the logits then
+    // softmax over the chosen, swigluoai
+    FamilyRow f;
+    f.name = "GptOss";
+    f.route = RouteSpec{"softmax_topk", false};
+    f.activation = Activation::swigluoai;
+    f.gguf = [](GgufSpec& s) {
+      s.arch = "gpt-oss";
+      s.layers = 1;
+      s.H = s.I = 64;
+      s.E = 8;
+      s.K = 2;
+      s.types[0] = s.types[1] = s.types[2] = kTMXFP4;
+      s.expert_bias = s.router_bias = true;
+    };
+    f.gguf_check = [](const io::LayerSource& source, const std::vector<Moe>&) {
+      EXPECT_TRUE(source.info().expert_bias);
+    };
+    // the folder as transformers saves it: gate_up_proj [E, H, 2I] with gate and up interleaved,
+    // biases, a router bias
+    f.ct = [](CtSpec& s) {
+      s.model_type = "gpt_oss";
+      s.fused = "bf16";
+      s.expert_bias = s.router_bias = true;
+      s.layers = 1;
+      s.H = 64;
+      s.I = 96;
+      s.E = 8;
+      s.K = 2;
+    };
+    f.ct_check = [](const io::LayerSource& source, const std::vector<Moe>&) {
+      EXPECT_TRUE(source.info().expert_bias);
+    };
+    rows.push_back(f);
+  }
+  {
+    // the folder as llm-compressor saves it: per-expert pack-quantized modules in feed_forward
+    FamilyRow f;
+    f.name = "Llama4";
+    f.route = RouteSpec{"sigmoid", false};
+    f.on_input = true;
+    f.gguf = [](GgufSpec& s) {
+      s.arch = "llama4";
+      s.layers = 1;
+      s.K = 1;
+    };
+    f.ct = [](CtSpec& s) {
+      s.model_type = "llama4";
+      s.layers = 1;
+      s.E = 4;
+      s.K = 1;
+    };
+    f.ct_check = [](const io::LayerSource& source, const std::vector<Moe>& truth) {
+      EXPECT_EQ(load_all(source).w13, truth.back().w13);
+    };
+    rows.push_back(f);
+  }
+  // one layer of the default sizes
+  rows.push_back(default_sized("Mixtral", RouteSpec{"softmax", true}, "llama", "mixtral"));
+  rows.back().ct = [](CtSpec& s) {
+    s.model_type = "mixtral";
+    s.mixtral_names = true;  // block_sparse_moe.experts.J.w1 / w3 / w2
+    s.layers = 1;
+  };
+  rows.push_back(default_sized("Olmoe", RouteSpec{"softmax", false}, "olmoe", "olmoe"));
+  return rows;
+}
+
+std::vector<FamilyRow> rows_with(bool (*has)(const FamilyRow&)) {
+  std::vector<FamilyRow> out;
+  for (const FamilyRow& f : family_rows())
+    if (has(f)) out.push_back(f);
+  return out;
+}
+
+}  // namespace
+
+const std::vector<FamilyRow>& family_rows() {
+  static const std::vector<FamilyRow> rows = make_rows();
+  return rows;
+}
+
+const FamilyRow& family(const std::string& name) {
+  for (const FamilyRow& f : family_rows())
+    if (f.name == name) return f;
+  throw std::runtime_error("no family row " + name);
+}
+
+std::vector<FamilyRow> gguf_families() {
+  return rows_with([](const FamilyRow& f) { return static_cast<bool>(f.gguf); });
+}
+
+std::vector<FamilyRow> hf_families() {
+  return rows_with([](const FamilyRow& f) { return static_cast<bool>(f.ct); });
+}
+
+void check_family(const std::string& path, int layer, const FamilyRow& row,
+                  const std::function<void(const io::LayerSource&, const std::vector<Moe>&)>& check,
+                  const std::vector<Moe>& truth) {
+  const std::unique_ptr<io::LayerSource> source = io::open_layer(path, layer, {});
+  const io::LayerInfo& info = source->info();
+  const Gating gating = row.route.gating == "sigmoid"        ? Gating::sigmoid
+                        : row.route.gating == "softmax_topk" ? Gating::softmax_topk
+                                                             : Gating::softmax;
+  EXPECT_EQ(info.routing.gating, gating);
+  EXPECT_EQ(info.routing.renormalize, row.route.renormalize);
+  EXPECT_EQ(info.params.activation, row.activation);
+  EXPECT_EQ(info.params.apply_router_weight_on_input, row.on_input);
+  if (check) check(*source, truth);
+  check_layer(path, layer, row.route);
+  check_expert_range(path, layer, {1, info.experts - 2});
+}
+
+GgufModel family_gguf(const FamilyRow& row) {
+  GgufSpec spec;
+  row.gguf(spec);
+  GgufModel g = make_gguf(spec);
+  if (row.gguf_meta) row.gguf_meta(g.writer);
+  return g;
+}
+
+CtModel family_ct(const FamilyRow& row) {
+  CtSpec spec;
+  row.ct(spec);
+  CtModel c = make_ct(spec);
+  if (row.config) row.config(c.writer.config);
+  return c;
+}
+
+}  // namespace ckpt_test
