@@ -8,12 +8,13 @@ dynamic int8 activations, as torch ops.
 Importing the package registers the ops under torch.ops.w4a8moe; the raw op
 torch.ops.w4a8moe.dynamic_4bit_int_moe has the schema and meaning of the original CPU operator.
 Every op also has a Meta kernel (shapes and dtypes only), so it runs on meta tensors and under
-FakeTensorMode. Library errors are raised as RuntimeError with the library's message.
+FakeTensorMode. Library errors are raised as RuntimeError with the library's message. Expert
+parallelism over torch.distributed: w4a8moe.distributed.
 """
 
 import enum
 import os
-from typing import NamedTuple, Optional, Tuple
+from typing import NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -108,6 +109,7 @@ def pack(
     gate_up_layout: str = "halves",
     scale_storage: str = "as_given",
     kernel_set: str = "",
+    experts: Optional[Sequence[int]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Packs the experts once; returns (w13_packed, w2_packed), two 1-D uint8 tensors.
 
@@ -117,7 +119,14 @@ def pack(
     gate_up_layout: "halves" (rows [0, I) gate, [I, 2I) up) or "interleaved" (gpt-oss).
     scale_storage: "as_given" (lossless) or "bf16" (rounds scales to bfloat16).
     kernel_set: the kernel set to pack for; "" is the one forward() uses on this CPU.
+    experts: the experts to pack, by index into the tensors, in this order (a rank's share of
+    the layer in expert parallelism, w4a8moe.distributed); None packs all of them.
     """
+    if experts is not None:
+        return ops.convert_to_w4a8_int8_moe_format_shard(
+            w13, w2, w13_scale, w2_scale, group_size, torch.as_tensor(experts, dtype=torch.int64),
+            w13_bias, w2_bias, gate_up_layout, scale_storage, kernel_set,
+        )
     return ops.convert_to_w4a8_int8_moe_format_ex(
         w13, w2, w13_scale, w2_scale, group_size, w13_bias, w2_bias,
         gate_up_layout, scale_storage, kernel_set,

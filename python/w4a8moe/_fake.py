@@ -76,6 +76,20 @@ def moe_fake(x, topk_ids, topk_weights, w13_packed, w2_packed, hidden_size, inte
                        activation_kind)
 
 
+def forward_local_fake(x, topk_ids, topk_weights, w13_packed, w2_packed, expert_map,
+                       apply_router_weight_on_input=False, activation_kind=2, alpha=1.702,
+                       limit=7.0, f32_output=False):
+    if expert_map.dtype != torch.int32 or expert_map.dim() != 1:
+        _fail("expert_map: expected an int32 tensor [E] (the local index of each expert, -1 "
+              f"elsewhere), got dtype {expert_map.dtype} of shape {_shape(expert_map)}")
+    if x.dim() != 2:
+        _fail(f"x: expected rank 2 [T, H], got shape {_shape(x)}")
+    # the forward op's checks; the sizes of the packed weights are checked by the CPU kernel
+    out = moe_ex_fake(x, topk_ids, topk_weights, w13_packed, w2_packed, x.shape[1], 1, -1,
+                      apply_router_weight_on_input, activation_kind, alpha, limit)
+    return out.to(torch.float32) if f32_output else out
+
+
 def register() -> bool:
     """Registers the shape functions where the torch version takes them from Python (2.x);
     returns whether it did."""
@@ -86,4 +100,5 @@ def register() -> bool:
         register_fake = torch.library.impl_abstract  # 2.2, 2.3
     register_fake("w4a8moe::dynamic_4bit_int_moe")(moe_fake)
     register_fake("w4a8moe::dynamic_4bit_int_moe_ex")(moe_ex_fake)
+    register_fake("w4a8moe::forward_local")(forward_local_fake)
     return True

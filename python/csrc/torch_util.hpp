@@ -1,0 +1,116 @@
+// What the torch ops of the expert-parallel source (torch_ep_ops.cpp) need to turn tensors into
+// library views and library errors into torch errors: the same rules and sentences as the ops
+// of torch_ops.cpp.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/from_blob.h>
+#include <c10/util/Optional.h>
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+
+#include "w4a8moe/w4a8moe.hpp"
+
+namespace w4a8moe_torch::util {
+
+using at::Tensor;
+
+// Runs f; a w4a8moe::Error becomes a torch error with the library's message.
+template <class F>
+auto translate_errors(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const w4a8moe::Error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
+inline w4a8moe::DType to_dtype(at::ScalarType t, const char* name) {
+  switch (t) {
+    case at::kFloat:
+      return w4a8moe::DType::f32;
+    case at::kBFloat16:
+      return w4a8moe::DType::bf16;
+    case at::kHalf:
+      return w4a8moe::DType::f16;
+    case at::kChar:
+      return w4a8moe::DType::i8;
+    case at::kByte:
+      return w4a8moe::DType::u8;
+    case at::kInt:
+      return w4a8moe::DType::i32;
+    case at::kLong:
+      return w4a8moe::DType::i64;
+    default:
+      TORCH_CHECK(false, name, ": dtype ", t, " is not supported");
+  }
+}
+
+inline void require_cpu(const Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu(), name, ": expected a CPU tensor, got one on ", t.device());
+}
+
+// A view of `t` of rank 1 to 3; rows_strided: rank 2 whose rows may be strided (x), copied
+// only when the last dimension is strided. `t` becomes the contiguous tensor viewed, which the
+// caller keeps alive.
+inline w4a8moe::TensorView view_of(Tensor& t, const char* name, bool rows_strided = false) {
+  require_cpu(t, name);
+  w4a8moe::TensorView v;
+  if (rows_strided) {
+    TORCH_CHECK(t.dim() == 2, name, ": expected rank 2, got shape ", t.sizes());
+    if (t.stride(1) != 1 || (t.size(0) > 1 && t.stride(0) < t.size(1))) t = t.contiguous();
+    v.row_stride = t.size(0) > 1 ? t.stride(0) : 0;
+  } else {
+    TORCH_CHECK(t.dim() >= 1 && t.dim() <= 3, name, ": expected rank 1 to 3, got shape ",
+                t.sizes());
+    t = t.contiguous();
+  }
+  v.data = t.data_ptr();
+  v.dtype = to_dtype(t.scalar_type(), name);
+  v.rank = static_cast<int>(t.dim());
+  for (int i = 0; i < v.rank; ++i) v.shape[static_cast<size_t>(i)] = t.size(i);
+  return v;
+}
+
+inline w4a8moe::MutableTensorView mutable_view_of(Tensor& t) {
+  w4a8moe::MutableTensorView v;
+  v.data = t.data_ptr();
+  v.dtype = to_dtype(t.scalar_type(), "out");
+  v.rank = static_cast<int>(t.dim());
+  for (int i = 0; i < v.rank; ++i) v.shape[static_cast<size_t>(i)] = t.size(i);
+  return v;
+}
+
+// The bytes of a contiguous uint8 CPU tensor: packed weights, records, results.
+inline std::span<const uint8_t> bytes_of(const Tensor& t, const char* name,
+                                         const char* what = "packed weights") {
+  require_cpu(t, name);
+  TORCH_CHECK(t.scalar_type() == at::kByte, name, ": expected a uint8 tensor of ", what,
+              ", got dtype ", t.scalar_type());
+  TORCH_CHECK(t.is_contiguous(), name, ": expected a contiguous tensor of ", what);
+  return {static_cast<const uint8_t*>(t.data_ptr()), static_cast<size_t>(t.nbytes())};
+}
+
+// A 1-D uint8 tensor owning a packed buffer.
+inline Tensor to_tensor(w4a8moe::PackedWeights packed) {
+  auto* holder = new w4a8moe::PackedWeights(std::move(packed));
+  const auto bytes = static_cast<int64_t>(holder->size());
+  return at::from_blob(
+      holder->data(), {bytes}, [holder](void*) { delete holder; },
+      at::TensorOptions().dtype(at::kByte));
+}
+
+inline w4a8moe::MoeParams moe_params(bool apply_router_weight_on_input, int64_t activation_kind,
+                                     double alpha, double limit) {
+  w4a8moe::MoeParams p;
+  p.activation = w4a8moe::activation_from_code(activation_kind);
+  p.alpha = static_cast<float>(alpha);
+  p.limit = static_cast<float>(limit);
+  p.apply_router_weight_on_input = apply_router_weight_on_input;
+  return p;
+}
+
+}  // namespace w4a8moe_torch::util
