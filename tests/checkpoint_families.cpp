@@ -164,6 +164,35 @@ std::vector<FamilyRow> make_rows() {
     };
     rows.push_back(f);
   }
+  {
+    // with a shared expert scaled by sigmoid(x . gate) (GGUF: Q4_0, exact; the folder:
+    // int-quantized channelwise), which the routed layer reports and the shared-expert tests open
+    FamilyRow f;
+    f.name = "Qwen2Moe";
+    f.route = RouteSpec{"softmax", false};
+    f.gguf = [](GgufSpec& s) {
+      s.arch = "qwen2moe";
+      s.H = 96;
+      s.I = 64;
+      s.E = 8;
+      s.K = 4;
+      s.shared_expert = s.shared_gate = true;
+      s.Is = 160;
+    };
+    f.ct = [](CtSpec& s) {
+      s.model_type = "qwen2_moe";
+      s.scheme = "int";
+      s.strategy = "channel";
+      s.layers = 1;
+      s.shared = "shared_expert";
+      s.shared_gate = true;
+      s.Is = 96;
+    };
+    f.gguf_check = f.ct_check = [](const io::LayerSource& source, const std::vector<Moe>&) {
+      EXPECT_TRUE(source.info().has_shared_expert);
+    };
+    rows.push_back(f);
+  }
   // one layer of the default sizes
   rows.push_back(default_sized("Mixtral", RouteSpec{"softmax", true}, "llama", "mixtral"));
   rows.back().ct = [](CtSpec& s) {

@@ -244,15 +244,11 @@ TEST(CompressedTensors, Llama4FusedExpertsAndSharedExpert) {
   // weight applied on the input, and the shared expert (bf16, I) added as is
   TempDir dir;
   CtSpec spec;
-  spec.model_type = "llama4";
+  family("Llama4").ct(spec);
   spec.fused = "bf16";
   spec.shared = "shared_expert";
   spec.layers = 2;
-  spec.H = 64;
-  spec.I = 96;
-  spec.Is = 96;
-  spec.E = 4;
-  spec.K = 1;
+  spec.I = spec.Is = 96;
   CtModel c = make_ct(spec);
   c.writer.write(dir / "ckpt");
   const auto source = io::open_layer(dir / "ckpt", 1, {});
@@ -315,17 +311,8 @@ TEST(CompressedTensors, DeepSeekV3SharedExpertsAddedAsIs) {
 TEST(CompressedTensors, Qwen2MoeSharedExpertWithItsGate) {
   // mlp.shared_expert (int-quantized, channelwise) scaled by sigmoid(x . shared_expert_gate)
   TempDir dir;
-  CtSpec spec;
-  spec.model_type = "qwen2_moe";
-  spec.scheme = "int";
-  spec.strategy = "channel";
-  spec.layers = 1;
-  spec.shared = "shared_expert";
-  spec.shared_gate = true;
-  spec.Is = 96;
-  CtModel c = make_ct(spec);
+  CtModel c = family_ct(family("Qwen2Moe"));  // the routed layer: CtFamily/Qwen2Moe
   c.writer.write(dir / "ckpt");
-  check_layer(dir / "ckpt", 0, RouteSpec{"softmax", false});
   io::LoadOptions options;
   options.shared_expert = true;
   const Loaded w = load_all(*io::open_layer(dir / "ckpt", 0, options));

@@ -261,15 +261,10 @@ TEST_F(LayerCli, SharedExpertIsIncludedOnlyWhenAsked) {
 TEST_F(LayerCli, FusedExpertsAndSharedExpertOfAHuggingFaceFolder) {
   // Llama-4 as transformers saves it: fused bf16 experts (converted), the shared expert
   CtSpec spec;
-  spec.model_type = "llama4";
+  family("Llama4").ct(spec);
   spec.fused = "bf16";
   spec.shared = "shared_expert";
-  spec.layers = 1;
-  spec.H = 64;
-  spec.I = 64;
   spec.Is = 64;
-  spec.E = 4;
-  spec.K = 1;
   make_ct(spec).writer.write(dir_ / "l4");
   const Result r = run({"--model", dir_ / "l4", "--layer", "0", "--tokens", "6", "--threads", "2",
                         "--repeat", "1", "--compare", "--shared-experts"});

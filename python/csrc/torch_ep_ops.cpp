@@ -121,12 +121,17 @@ w4a8moe::PackOptions pack_options(int64_t group_size, const std::string& gate_up
   o.scale_storage =
       scale_storage == "bf16" ? w4a8moe::ScaleStorage::bf16 : w4a8moe::ScaleStorage::as_given;
   o.kernel_set = kernel_set;
-  require_cpu(experts_in, "experts");
   TORCH_CHECK((experts_in.scalar_type() == at::kInt || experts_in.scalar_type() == at::kLong) &&
                   experts_in.dim() == 1 && experts_in.numel() >= 1,
               "experts: expected a non-empty int32 or int64 tensor [n] of expert indices, got "
               "dtype ",
               experts_in.scalar_type(), " of shape ", experts_in.sizes());
+  if (!experts_in.device().is_cpu()) {
+    // a meta or fake tensor: the count is known, the indices are not (the CPU kernel checks
+    // them); packed_size needs only the count
+    for (int64_t i = 0; i < experts_in.numel(); ++i) o.experts.push_back(static_cast<int32_t>(i));
+    return o;
+  }
   const Tensor experts = experts_in.to(at::kLong).contiguous();
   for (int64_t i = 0; i < experts.numel(); ++i) {
     const int64_t e = experts.data_ptr<int64_t>()[i];

@@ -393,6 +393,32 @@ def test_forward_local_shape_function(small):
         w4a8moe.ops.forward_local(meta[0], meta[1], meta[2][:, :1], *meta[3:])
 
 
+def test_packing_shape_function(small):
+    weights = small[0]
+    experts = torch.tensor([3, 0, 4])
+    args = (weights.w13, weights.w2, weights.w13_scale, weights.w2_scale, G, experts,
+            weights.w13_bias, weights.w2_bias)
+    real = torch.ops.w4a8moe.convert_to_w4a8_int8_moe_format_shard(*args)
+    meta = torch.ops.w4a8moe.convert_to_w4a8_int8_moe_format_shard(
+        *[a.to("meta") if isinstance(a, torch.Tensor) else a for a in args])
+    assert [m.shape for m in meta] == [r.shape for r in real]
+
+
+@pytest.mark.skipif(not hasattr(torch.library, "opcheck"), reason="torch.library.opcheck: torch 2")
+def test_opcheck_forward_local(small):
+    """The shard packing op is left out: its Meta kernel takes the experts' count from a
+    tensor, which opcheck's dynamic-shape pass makes symbolic (test_packing_shape_function
+    covers meta tensors)."""
+    weights, x, ids, wts = small
+    emap = ep.even_split_expert_map(5, 1, RANKS)
+    experts = ep.shard_experts(emap)
+    packed = weights.pack(experts=experts.tolist())
+    for dtype, f32_output in ((torch.float32, False), (torch.bfloat16, True)):
+        torch.library.opcheck(torch.ops.w4a8moe.forward_local.default,
+                              (x.to(dtype), ids, wts, *packed, emap, True, 1, 1.5, 6.0,
+                               f32_output))
+
+
 def test_dispatch_class_errors():
     maps = torch.stack([ep.even_split_expert_map(4, r, RANKS) for r in range(RANKS)])
     with pytest.raises(RuntimeError, match="result_dtype: expected 'f32' or 'bf16', got 'f16'"):
