@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "io/safetensors.hpp"
+#include "io/safetensors_writer.hpp"
 #include "w4a8moe/commands.hpp"
 #include "w4a8moe/w4a8moe.hpp"
 
