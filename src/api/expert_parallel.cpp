@@ -170,11 +170,7 @@ void forward_local(Context& context, const TensorView& x, const TensorView& topk
   if (job.s.experts != shard.local_experts())
     throw Error(cat("w13_packed: expected the shard's ", shard.local_experts(),
                     " local experts, got ", job.s.experts));
-  job.w13 = &w13;
-  job.w2 = &w2;
-  job.set = &set_for_layout(w13.layout, "w13_packed");
-  job.w13_base = w13_packed.data() + kHeaderBytes;
-  job.w2_base = w2_packed.data() + kHeaderBytes;
+  set_weights(job, w13, w2, w13_packed, w2_packed);
   job.x = &x;
   job.ids = &topk_ids;
   job.weights = &topk_weights;
@@ -440,11 +436,7 @@ void Dispatch::compute(Context& context, std::span<const uint8_t> received,
   if (!f32) sums_.resize(static_cast<size_t>(R * H));
   void* sums = f32 ? static_cast<void*>(results_.data()) : static_cast<void*>(sums_.data());
   const MutableTensorView out = MutableTensorView::of(sums, DType::f32, {R, H});
-  job.w13 = &w13;
-  job.w2 = &w2;
-  job.set = &set_for_layout(w13.layout, "w13_packed");
-  job.w13_base = w13_packed.data() + kHeaderBytes;
-  job.w2_base = w2_packed.data() + kHeaderBytes;
+  set_weights(job, w13, w2, w13_packed, w2_packed);
   job.staged = &staged;
   job.ids = &ids;
   job.weights = &weights;

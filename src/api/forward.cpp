@@ -490,11 +490,7 @@ void forward(Context& context, const TensorView& x, const TensorView& topk_ids,
   const Geometry w2 = read_geometry(w2_packed, "w2_packed");
   ForwardJob job;
   job.s = check_forward(x, topk_ids, topk_weights, w13, w2, params, out);
-  job.w13 = &w13;
-  job.w2 = &w2;
-  job.set = &set_for_layout(w13.layout, "w13_packed");
-  job.w13_base = w13_packed.data() + kHeaderBytes;
-  job.w2_base = w2_packed.data() + kHeaderBytes;
+  set_weights(job, w13, w2, w13_packed, w2_packed);
   job.x = &x;
   job.ids = &topk_ids;
   job.weights = &topk_weights;

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "common/argument_checks.hpp"
 #include "pack/packed_format.hpp"
@@ -38,6 +39,17 @@ struct ForwardJob {
   // nothing); ids of -1 are skipped too. Null: ids index the packed experts directly.
   const int32_t* local_of = nullptr;
 };
+
+// The weights' part of a job: the decoded geometries (kept alive by the caller), the kernel set
+// of their layout, the first expert blocks of the buffers.
+inline void set_weights(ForwardJob& job, const Geometry& w13, const Geometry& w2,
+                        std::span<const uint8_t> w13_packed, std::span<const uint8_t> w2_packed) {
+  job.w13 = &w13;
+  job.w2 = &w2;
+  job.set = &set_for_layout(w13.layout, "w13_packed");
+  job.w13_base = w13_packed.data() + kHeaderBytes;
+  job.w2_base = w2_packed.data() + kHeaderBytes;
+}
 
 // Runs the job on the context's threads. Arguments are checked by the caller.
 void run_forward(Context& context, const ForwardJob& job);
