@@ -81,7 +81,8 @@ moe_test::Output all_reduce(const Case& c, const std::vector<ExpertShard>& shard
 // The dispatch / combine way: the tokens are split in contiguous runs over the processes
 // (process r takes tokens [starts[r], starts[r + 1])); all-to-all exchanges are copies.
 moe_test::Output dispatch(const Case& c, const std::vector<ExpertShard>& shards,
-                          w4a8moe::ResultDType result_dtype, w4a8moe::Context& context) {
+                          w4a8moe::ResultDType result_dtype, w4a8moe::Context& context,
+                          bool exact = false) {
   const auto N = static_cast<int64_t>(shards.size());
   const int64_t T = c.spec.tokens, H = c.spec.hidden, K = c.spec.top_k;
   const ExpertPlacement placement = ExpertPlacement::from_shards(shards);
@@ -90,6 +91,7 @@ moe_test::Output dispatch(const Case& c, const std::vector<ExpertShard>& shards,
   config.top_k = K;
   config.params = c.params();
   config.result_dtype = result_dtype;
+  config.exact = exact;
   std::vector<w4a8moe::Dispatch> d;
   std::vector<int64_t> starts;
   for (int64_t r = 0; r <= N; ++r) starts.push_back(T * r / N);
@@ -135,7 +137,9 @@ moe_test::Output dispatch(const Case& c, const std::vector<ExpertShard>& shards,
     // the results of r's records, from each process in process order
     std::vector<uint8_t> returned;
     for (int64_t s = 0; s < N; ++s) {
-      const auto counts = recv_counts[static_cast<size_t>(s)];
+      const auto counts = d[static_cast<size_t>(s)].result_counts();
+      EXPECT_EQ(counts[static_cast<size_t>(r)],
+                d[static_cast<size_t>(r)].returned_counts()[static_cast<size_t>(s)]);
       const int64_t before = std::accumulate(counts.begin(), counts.begin() + r, int64_t{0});
       const size_t rb = d[static_cast<size_t>(s)].result_row_bytes();
       const auto res = d[static_cast<size_t>(s)].results();
@@ -251,6 +255,10 @@ TEST_P(ExpertParallel, BothWaysMatchOneProcess) {
   EXPECT_TRUE(same_bits(dispatch(c, shards, w4a8moe::ResultDType::f32, three), dp));
   EXPECT_TRUE(same_bits(all_reduce(c, shards, three), ar));
 
+  // exact results: forward()'s bits for any number of processes
+  EXPECT_TRUE(same_bits(dispatch(c, shards, w4a8moe::ResultDType::f32, context, true), one))
+      << "exact";
+
   // bf16 results: the dispatch costs one bf16 rounding per result row
   const moe_test::Output bf = dispatch(c, shards, w4a8moe::ResultDType::bf16, context);
   if (p.spec.x_dtype == DType::f32) {
@@ -311,6 +319,8 @@ TEST(ExpertParallel, NonContiguousMap) {
   EXPECT_TRUE(close_to(all_reduce(c, shards, context).to_float(), one, s.hidden));
   EXPECT_TRUE(
       close_to(dispatch(c, shards, w4a8moe::ResultDType::f32, context).to_float(), one, s.hidden));
+  EXPECT_TRUE(dispatch(c, shards, w4a8moe::ResultDType::f32, context, true).bytes ==
+              moe_test::run_forward(c, packed, context).bytes);
 }
 
 TEST(ExpertParallel, ShardsAndPlacementsAreChecked) {

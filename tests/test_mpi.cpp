@@ -58,6 +58,7 @@ struct MpiCase {
   CaseSpec spec;
   mpi::Way way;
   w4a8moe::ResultDType result = w4a8moe::ResultDType::f32;
+  bool exact = false;
 };
 
 std::vector<MpiCase> cases() {
@@ -96,12 +97,15 @@ std::vector<MpiCase> cases() {
   for (const CaseSpec& s : specs)
     for (mpi::Way w : {mpi::Way::all_reduce, mpi::Way::dispatch}) out.push_back({s, w});
   out.push_back({base, mpi::Way::dispatch, w4a8moe::ResultDType::bf16});
+  for (const CaseSpec& s : specs)  // a row per slot: forward()'s bits whatever the count
+    out.push_back({s, mpi::Way::dispatch, w4a8moe::ResultDType::f32, true});
   return out;
 }
 
 std::string name_of(const testing::TestParamInfo<MpiCase>& info) {
   std::string s = moe_test::describe(info.param.spec) + " " + mpi::way_name(info.param.way) +
-                  (info.param.result == w4a8moe::ResultDType::bf16 ? " bf16 results" : "");
+                  (info.param.result == w4a8moe::ResultDType::bf16 ? " bf16 results" : "") +
+                  (info.param.exact ? " exact" : "");
   for (char& ch : s)
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   return s;
@@ -121,6 +125,7 @@ TEST_P(Mpi, MatchesOneProcess) {
   config.way = p.way;
   config.params = c.params();
   config.result_dtype = p.result;
+  config.exact = p.exact;
   mpi::ExpertParallel ep(MPI_COMM_WORLD, shard, packed.w13.bytes(), packed.w2.bytes(), p.spec.top_k,
                          config);
   // all-reduce: every process has all tokens; dispatch: process r has a contiguous run
@@ -135,8 +140,8 @@ TEST_P(Mpi, MatchesOneProcess) {
              w4a8moe::MutableTensorView::of(again.data(), c.spec.x_dtype, {n, H}));
   EXPECT_EQ(out, again) << "the same bits from run to run";
   const uint8_t* want = one.bytes.data() + static_cast<size_t>(t0 * H) * oe;
-  if (ranks() == 1 && p.result == w4a8moe::ResultDType::f32) {
-    EXPECT_EQ(0, std::memcmp(out.data(), want, out.size())) << "one process: forward()'s bits";
+  if ((ranks() == 1 || p.exact) && p.result == w4a8moe::ResultDType::f32) {
+    EXPECT_EQ(0, std::memcmp(out.data(), want, out.size())) << "forward()'s bits";
   }
   // within f32 summation-order error (bf16: one rounding of each result row, and x's dtype)
   double tol = 1e-6;

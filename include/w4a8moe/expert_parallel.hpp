@@ -96,6 +96,12 @@ struct DispatchConfig {
   int64_t top_k = 0;   // K
   MoeParams params;
   ResultDType result_dtype = ResultDType::f32;
+  // false: one result row per record (the record's weighted sum over its slots).
+  // true: one f32 row per (record, slot), unweighted, and combine() adds a token's rows in
+  // forward()'s order (experts ascending, then slots): the same bits as forward() on one process
+  // whatever the number of processes, for K / (slots per process) times the result bytes.
+  // f32 results only.
+  bool exact = false;
 };
 
 // The dispatch / combine way for one process (rank) and one layer shape. Keeps its buffers
@@ -110,7 +116,8 @@ struct DispatchConfig {
 // Results: forward_local's sum over a record's slots, in f32 or bf16. combine() adds a token's
 // results in ascending order of the processes that computed them: the output is the same bits
 // from run to run; it equals forward() on one process to the bit with one process and f32
-// results, and within f32 summation-order error otherwise.
+// results, and within f32 summation-order error otherwise. DispatchConfig::exact returns a row
+// per slot instead and gives forward()'s bits for any number of processes.
 class Dispatch {
  public:
   Dispatch(ExpertPlacement placement, int64_t rank, const DispatchConfig& config);
@@ -134,8 +141,13 @@ class Dispatch {
                std::span<const uint8_t> w2_packed, const ExpertShard& shard);
   size_t result_row_bytes() const noexcept;
   std::span<const uint8_t> results() const noexcept { return results_; }
+  // Result rows for each process, in process order (after compute()): its records' count, or
+  // with `exact` their slots held here.
+  std::span<const int64_t> result_counts() const noexcept { return result_counts_; }
+  // Result rows each process returns (after pack()): what result_counts() is there.
+  std::span<const int64_t> returned_counts() const noexcept { return returned_counts_; }
 
-  // Step 3: the results of this process's records, returned by each process (send_counts()[r]
+  // Step 3: the results of this process's records, returned by each process (returned_counts()[r]
   // rows from process r, in process order) -> out [T, H] of x's dtype.
   void combine(Context& context, std::span<const uint8_t> returned, const MutableTensorView& out);
 
@@ -159,7 +171,12 @@ class Dispatch {
   std::vector<int64_t> token_records_;        // record positions of each token, process order
   std::vector<int64_t> record_dest_;          // per token record: process * K + slot
   std::vector<int64_t> record_slot_order_;    // a token's slots in the order of its records
+  std::vector<int64_t> returned_counts_;      // result rows from each process
+  std::vector<int64_t> record_rows_begin_;    // exact: first returned row of each record
+  std::vector<int64_t> topk_ids_;             // exact: [T, K] as given
+  std::vector<float> topk_weights_;           // exact: [T, K] as given
   // compute()
+  std::vector<int64_t> result_counts_;
   std::vector<int32_t> ids_;
   std::vector<float> weights_, sums_;
   std::vector<uint8_t> results_;

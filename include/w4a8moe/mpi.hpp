@@ -33,6 +33,7 @@ struct Config {
   Way way = Way::all_reduce;
   MoeParams params;
   ResultDType result_dtype = ResultDType::f32;  // dispatch: the results' dtype on the way back
+  bool exact = false;  // dispatch: a row per slot, forward()'s bits whatever the process count
 };
 
 // Per call: wall time, the share spent in MPI calls, and the bytes this process moved to and from
@@ -56,7 +57,8 @@ class ExpertParallel {
   // Collective. all_reduce: x [T, H], topk_ids, topk_weights the same on every process (T and the
   // ids are checked to agree); dispatch: this process's own tokens (T may differ, 0 included).
   // out [T, H] of x's dtype. Deterministic: the same bits from run to run for a given number of
-  // processes; within f32 summation-order error of forward() on one process.
+  // processes; within f32 summation-order error of forward() on one process (dispatch with
+  // Config::exact: forward()'s bits for any number of processes).
   void forward(Context& context, const TensorView& x, const TensorView& topk_ids,
                const TensorView& topk_weights, const MutableTensorView& out);
 

@@ -1,7 +1,8 @@
 """`mpirun -np N w4a8moe run --expert-parallel all-reduce|dispatch`: each process packs its share
-of the case's experts, process 0 writes out. Against the one-process `run` of the same case: the
-same bits with one process, within f32 summation-order error (relative 1e-6) with 2 and 4
-(oversubscribed), the same bits from run to run."""
+of the case's experts, process 0 writes out. Against the one-process `run` of the same case:
+dispatch (exact results, run's default) gives the same bits for 1, 2 and 4 processes
+(oversubscribed); all-reduce the same bits with one process and within f32 summation-order error
+(relative 1e-6) with more; both the same bits from run to run."""
 
 import shutil
 import subprocess
@@ -62,6 +63,8 @@ def test_run_expert_parallel(tmp_path, way, activation, on_input, dtype):
     tol = 1e-6 if dtype == torch.float32 else 2.0 ** -7
     for np in (2, 4):
         got = run(case, tmp_path / f"np{np}.safetensors", np, way)
+        if way == "dispatch":
+            assert torch.equal(got, one), f"{np} processes: the one-process bits"
         bound = tol * one.float().abs().max()
         assert (got.float() - one.float()).abs().max() <= bound, f"{np} processes"
         again = run(case, tmp_path / f"np{np}b.safetensors", np, way)

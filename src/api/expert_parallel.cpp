@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "api/accumulate.hpp"
 #include "api/forward_driver.hpp"
 #include "api/validate.hpp"
 #include "common/checked_math.hpp"
@@ -216,6 +217,8 @@ Dispatch::Dispatch(ExpertPlacement placement, int64_t rank, const DispatchConfig
     throw Error(cat("result_dtype: expected f32 (0) or bf16 (1), got ",
                     static_cast<int>(config.result_dtype)));
   check_moe_params(config.params);
+  if (config.exact && config.result_dtype != ResultDType::f32)
+    throw Error("result_dtype: expected f32 with exact results (a row per slot), got bf16");
   slots_per_record_ = config.params.apply_router_weight_on_input ? 1 : config.top_k;
   record_bytes_ = record_size(slots_per_record_, config.hidden);
   send_counts_.assign(static_cast<size_t>(placement_.ranks()), 0);
@@ -279,6 +282,34 @@ void Dispatch::pack(Context& context, const TensorView& x, const TensorView& top
   for (size_t i = 0; i < dest.size(); ++i)
     token_records_[i] = cursor[static_cast<size_t>(dest[i] / K)]++;
   send_.resize(checked_mul(dest.size(), record_bytes_));
+
+  // The result rows each record brings back (exact: one per slot it carries), in the order the
+  // processes return them: process by process, each in its records' order.
+  std::vector<int64_t>& rows_at = record_rows_begin_;
+  rows_at.assign(dest.size() + 1, 0);
+  returned_counts_.assign(static_cast<size_t>(N), 0);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t r = token_records_begin_[static_cast<size_t>(t)];
+         r < token_records_begin_[static_cast<size_t>(t + 1)]; ++r) {
+      const int64_t d = dest[static_cast<size_t>(r)] / K;
+      int64_t rows = 1;
+      if (config_.exact && !on_input) {
+        rows = 0;
+        for (int64_t k = 0; k < K; ++k) rows += owner_of(t, k) == d ? 1 : 0;
+      }
+      rows_at[static_cast<size_t>(token_records_[static_cast<size_t>(r)]) + 1] = rows;
+      returned_counts_[static_cast<size_t>(d)] += rows;
+    }
+  }
+  for (size_t i = 1; i < rows_at.size(); ++i) rows_at[i] += rows_at[i - 1];
+  if (config_.exact) {  // combine() weights the rows itself
+    topk_ids_.resize(static_cast<size_t>(T * K));
+    topk_weights_.resize(static_cast<size_t>(T * K));
+    for (int64_t i = 0; i < T * K; ++i) {
+      topk_ids_[static_cast<size_t>(i)] = load_index(topk_ids.data, topk_ids.dtype, i);
+      topk_weights_[static_cast<size_t>(i)] = load_float(topk_weights.data, topk_weights.dtype, i);
+    }
+  }
 
   // Quantize each row once, as forward() does, and write it into its records.
   const KernelSet& set = active_set();
@@ -432,10 +463,9 @@ void Dispatch::compute(Context& context, std::span<const uint8_t> received,
   staged.recip_offset = kRecRecip;
   staged.zp_offset = kRecZp;
   const bool f32 = config_.result_dtype == ResultDType::f32;
-  results_.resize(static_cast<size_t>(R) * result_row_bytes());
-  if (!f32) sums_.resize(static_cast<size_t>(R * H));
-  void* sums = f32 ? static_cast<void*>(results_.data()) : static_cast<void*>(sums_.data());
-  const MutableTensorView out = MutableTensorView::of(sums, DType::f32, {R, H});
+  const auto rows = static_cast<size_t>(R * (config_.exact ? slots : 1));
+  sums_.resize(rows * static_cast<size_t>(H));
+  const MutableTensorView out = MutableTensorView::of(sums_.data(), DType::f32, {R, H});
   set_weights(job, w13, w2, w13_packed, w2_packed);
   job.staged = &staged;
   job.ids = &ids;
@@ -443,8 +473,31 @@ void Dispatch::compute(Context& context, std::span<const uint8_t> received,
   job.out = &out;
   job.params = &config_.params;
   job.local_of = shard.map().data();
+  if (config_.exact) job.slot_rows = sums_.data();
   run_forward(context, job);
-  if (!f32) {
+
+  // The result rows in record order (exact: each record's local slots in slot order).
+  result_counts_.assign(recv_counts.begin(), recv_counts.end());
+  if (config_.exact) {
+    int64_t kept = 0, process = 0, process_end = recv_counts.empty() ? 0 : recv_counts[0];
+    std::fill(result_counts_.begin(), result_counts_.end(), 0);
+    for (int64_t i = 0; i < R; ++i) {
+      while (i >= process_end) process_end += recv_counts[static_cast<size_t>(++process)];
+      for (int64_t k = 0; k < slots; ++k) {
+        if (ids_[static_cast<size_t>(i * slots + k)] < 0) continue;
+        if (kept != i * slots + k)
+          std::copy_n(sums_.data() + (i * slots + k) * H, H, sums_.data() + kept * H);
+        ++kept;
+        ++result_counts_[static_cast<size_t>(process)];
+      }
+    }
+    results_.resize(static_cast<size_t>(kept * H) * 4);
+    std::memcpy(results_.data(), sums_.data(), results_.size());
+  } else if (f32) {
+    results_.resize(static_cast<size_t>(R * H) * 4);
+    std::memcpy(results_.data(), sums_.data(), results_.size());
+  } else {
+    results_.resize(static_cast<size_t>(R * H) * 2);
     auto* dst = reinterpret_cast<uint16_t*>(results_.data());
     for (size_t i = 0; i < static_cast<size_t>(R * H); ++i) dst[i] = f32_to_bf16(sums_[i]);
   }
@@ -453,12 +506,14 @@ void Dispatch::compute(Context& context, std::span<const uint8_t> received,
 void Dispatch::combine(Context& context, std::span<const uint8_t> returned,
                        const MutableTensorView& out) {
   using namespace detail;
-  const int64_t H = config_.hidden, T = tokens_;
-  const size_t rows = token_records_.size(), row_bytes = result_row_bytes();
+  const int64_t H = config_.hidden, T = tokens_, K = config_.top_k;
+  const size_t rows =
+      static_cast<size_t>(record_rows_begin_.empty() ? 0 : record_rows_begin_.back());
+  const size_t row_bytes = result_row_bytes();
   if (returned.size() != rows * row_bytes)
     throw Error(cat("returned: expected ", rows, " result rows of ", row_bytes, " bytes (",
-                    rows * row_bytes, " bytes: the records pack() sent), got ", returned.size(),
-                    " bytes"));
+                    rows * row_bytes, " bytes: the results of the records pack() sent), got ",
+                    returned.size(), " bytes"));
   if (out.dtype != x_dtype_)
     throw Error(cat("out: expected dtype ", dtype_name(x_dtype_), " (the dtype of x), got ",
                     dtype_name(out.dtype)));
@@ -471,20 +526,52 @@ void Dispatch::combine(Context& context, std::span<const uint8_t> returned,
   require_data(out.data, "out");
   require_addressable(out.data, out.dtype, out.rank, out.shape, out.stride(), "out");
   ThreadPool& pool = context_threads(context);
-  acc_.resize(static_cast<size_t>(pool.size() * H));
+  const auto per_thread = static_cast<size_t>(2 * H);  // the sum, and a row to add
+  acc_.resize(static_cast<size_t>(pool.size()) * per_thread);
   const bool f32 = config_.result_dtype == ResultDType::f32;
+  const bool on_input = config_.params.apply_router_weight_on_input;
+  struct Slot {
+    int64_t expert, slot, row;
+  };
+  std::vector<std::vector<Slot>> slots(static_cast<size_t>(pool.size()));
   auto body = [&](int tid) {
-    float* acc = acc_.data() + static_cast<size_t>(tid * H);
+    float* acc = acc_.data() + static_cast<size_t>(tid) * per_thread;
+    float* y = acc + H;
+    std::vector<Slot>& mine = slots[static_cast<size_t>(tid)];
+    auto add_row = [&](int64_t row, float weight) {
+      const uint8_t* src = returned.data() + static_cast<size_t>(row) * row_bytes;
+      if (f32)
+        std::memcpy(y, src, static_cast<size_t>(H) * 4);
+      else
+        for (int64_t h = 0; h < H; ++h) y[h] = load_float(src, DType::bf16, h);
+      add_weighted_row(acc, weight, y, H);
+    };
     for (int64_t t = tid; t < T; t += pool.size()) {
       std::fill(acc, acc + H, 0.0f);
-      // in process order: the same bits from run to run
-      for (int64_t r = token_records_begin_[static_cast<size_t>(t)];
-           r < token_records_begin_[static_cast<size_t>(t + 1)]; ++r) {
-        const uint8_t* row =
-            returned.data() +
-            static_cast<size_t>(token_records_[static_cast<size_t>(r)]) * row_bytes;
-        for (int64_t h = 0; h < H; ++h)
-          acc[h] += load_float(row, f32 ? DType::f32 : DType::bf16, h);
+      const int64_t r0 = token_records_begin_[static_cast<size_t>(t)];
+      const int64_t r1 = token_records_begin_[static_cast<size_t>(t + 1)];
+      if (!config_.exact) {  // a row per record, in process order
+        for (int64_t r = r0; r < r1; ++r)
+          add_row(record_rows_begin_[static_cast<size_t>(token_records_[static_cast<size_t>(r)])],
+                  1.0f);
+      } else {  // a row per slot, in forward()'s order: experts ascending, then slots
+        mine.clear();
+        for (int64_t r = r0; r < r1; ++r) {
+          const int64_t d = record_dest_[static_cast<size_t>(r)] / K;
+          int64_t row =
+              record_rows_begin_[static_cast<size_t>(token_records_[static_cast<size_t>(r)])];
+          for (int64_t k = 0; k < K; ++k) {
+            const bool carried =
+                on_input ? k == record_dest_[static_cast<size_t>(r)] % K
+                         : placement_.owner(topk_ids_[static_cast<size_t>(t * K + k)]) == d;
+            if (carried) mine.push_back({topk_ids_[static_cast<size_t>(t * K + k)], k, row++});
+          }
+        }
+        std::sort(mine.begin(), mine.end(), [](const Slot& a, const Slot& b) {
+          return a.expert != b.expert ? a.expert < b.expert : a.slot < b.slot;
+        });
+        for (const Slot& sl : mine)
+          add_row(sl.row, on_input ? 1.0f : topk_weights_[static_cast<size_t>(t * K + sl.slot)]);
       }
       const int64_t base = t * out.stride();
       if (out.dtype == DType::f32)

@@ -19,6 +19,7 @@
 #include <system_error>
 #include <thread>
 
+#include "api/accumulate.hpp"
 #include "api/forward_driver.hpp"
 #include "api/validate.hpp"
 #include "common/checked_math.hpp"
@@ -452,14 +453,17 @@ class Worker {
           p_.set->gemm(g);
           for (int64_t r = 0; r < m; ++r) {
             const int32_t pair = s_.order[j + r];
-            const float rw = on_input ? 1.0f : router_weight(t0, pair);
-            float* acc = s_.acc + (pair / K) * H + h0;
             const float* y = c + r * slice;
-            for (int64_t h = 0; h < w; ++h) acc[h] += rw * y[h];
+            if (p_.slot_rows != nullptr) {  // the pair's row itself, unweighted
+              std::copy(y, y + w, p_.slot_rows + (t0 * K + pair) * H + h0);
+              continue;
+            }
+            const float rw = on_input ? 1.0f : router_weight(t0, pair);
+            add_weighted_row(s_.acc + (pair / K) * H + h0, rw, y, w);
           }
         }
       }
-      for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t t = 0; t < tokens && p_.slot_rows == nullptr; ++t) {
         const float* acc = s_.acc + t * H + h0;
         const int64_t base = (t0 + t) * out_stride + h0;
         if (out.dtype == DType::f32) {

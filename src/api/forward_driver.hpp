@@ -38,6 +38,9 @@ struct ForwardJob {
   // ids -> packed expert index: local_of[id], -1 for an expert held elsewhere (that slot adds
   // nothing); ids of -1 are skipped too. Null: ids index the packed experts directly.
   const int32_t* local_of = nullptr;
+  // Non-null: no sum; the down row y of pair p (token t, slot k: p = t * K + k), unweighted, goes
+  // to slot_rows[p * H, (p + 1) * H) for every local pair (the exact combine of dispatch).
+  float* slot_rows = nullptr;
 };
 
 // The weights' part of a job: the decoded geometries (kept alive by the caller), the kernel set

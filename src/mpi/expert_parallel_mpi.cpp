@@ -130,7 +130,7 @@ ExpertParallel::ExpertParallel(MPI_Comm comm, const ExpertShard& shard,
                  shard_.global_experts(),
                  top_k,
                  static_cast<int64_t>(config.way),
-                 static_cast<int64_t>(config.result_dtype),
+                 static_cast<int64_t>(config.result_dtype) + (config.exact ? 2 : 0),
                  static_cast<int64_t>(config.params.activation),
                  config.params.apply_router_weight_on_input ? 1 : 0,
                  alpha,
@@ -144,7 +144,7 @@ ExpertParallel::ExpertParallel(MPI_Comm comm, const ExpertShard& shard,
                                             "number of experts",
                                             "top_k",
                                             "expert-parallel way",
-                                            "result dtype",
+                                            "result dtype (and exactness)",
                                             "activation",
                                             "apply_router_weight_on_input",
                                             "alpha",
@@ -174,6 +174,7 @@ ExpertParallel::ExpertParallel(MPI_Comm comm, const ExpertShard& shard,
     dc.top_k = top_k_;
     dc.params = config_.params;
     dc.result_dtype = config_.result_dtype;
+    dc.exact = config_.exact;
     dispatch_ = std::make_unique<Dispatch>(placement_, rank_, dc);
   }
 }
@@ -270,16 +271,21 @@ void ExpertParallel::forward_dispatch(Context& context, const TensorView& x,
                   rc.data(), rd.data(), record.type(), comm_);
     stats_.comm_seconds += now() - c0;
   }
-  agreed(comm_, rank_, stats_.comm_seconds,
-         [&] { d.compute(context, received_, recv_counts_, w13_, w2_, shard_); });
+  // then the results back: rows per process (with exact results, a row per slot)
+  std::vector<int> bc, bd, oc, od;
+  agreed(comm_, rank_, stats_.comm_seconds, [&] {
+    d.compute(context, received_, recv_counts_, w13_, w2_, shard_);
+    to_mpi_counts(d.result_counts(), oc, od, "results");
+    to_mpi_counts(d.returned_counts(), bc, bd, "returned");
+  });
   int64_t back = 0;
-  for (int64_t c : d.send_counts()) back += c;
+  for (int64_t c : d.returned_counts()) back += c;
   returned_.resize(static_cast<size_t>(back) * d.result_row_bytes());
   {
     const ByteBlock row(d.result_row_bytes());
     c0 = now();
-    MPI_Alltoallv(d.results().data(), rc.data(), rd.data(), row.type(), returned_.data(), sc.data(),
-                  sd.data(), row.type(), comm_);
+    MPI_Alltoallv(d.results().data(), oc.data(), od.data(), row.type(), returned_.data(), bc.data(),
+                  bd.data(), row.type(), comm_);
     stats_.comm_seconds += now() - c0;
   }
   d.combine(context, returned_, out);
@@ -287,9 +293,11 @@ void ExpertParallel::forward_dispatch(Context& context, const TensorView& x,
     if (static_cast<int>(r) == rank_) continue;
     const auto sent = static_cast<uint64_t>(d.send_counts()[r]);
     const auto got = static_cast<uint64_t>(recv_counts_[r]);
+    const auto rows_out = static_cast<uint64_t>(d.result_counts()[r]);
+    const auto rows_in = static_cast<uint64_t>(d.returned_counts()[r]);
     stats_.records_sent += d.send_counts()[r];
-    stats_.bytes_sent += sent * d.record_bytes() + got * d.result_row_bytes();
-    stats_.bytes_received += got * d.record_bytes() + sent * d.result_row_bytes();
+    stats_.bytes_sent += sent * d.record_bytes() + rows_out * d.result_row_bytes();
+    stats_.bytes_received += got * d.record_bytes() + rows_in * d.result_row_bytes();
   }
 }
 

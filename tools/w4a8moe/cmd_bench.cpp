@@ -456,8 +456,8 @@ ParallelCheck check_parallel(const BenchLayer& b, const BenchOptions& o, const I
   return c;
 }
 
-double one_process_bound(const BenchOptions& o, const BenchLayer& b) {
-  if (o.execution.ep_results == "bf16") return 1e-2;
+double one_process_bound(const Parallel& parallel, const BenchLayer& b) {
+  if (parallel.results() == "bf16") return 1e-2;
   return b.x_dtype == DType::f32 ? kOneProcessBound : 1e-2;
 }
 
@@ -491,8 +491,8 @@ int bench_parallel(const BenchOptions& o, const BenchLayer& b, Parallel& paralle
           "check: against forward() on one process with every expert: max rel err %.2e "
           "(%s, bound %.0e)\n",
           check.one_process_rel_err,
-          check.one_process_rel_err <= one_process_bound(o, b) ? "ok" : "FAILED",
-          one_process_bound(o, b));
+          check.one_process_rel_err <= one_process_bound(parallel, b) ? "ok" : "FAILED",
+          one_process_bound(parallel, b));
     }
   }
   const ParallelTimings t = time_parallel_runs(b, routings, o.repeat, parallel, run);
@@ -508,7 +508,7 @@ int bench_parallel(const BenchOptions& o, const BenchLayer& b, Parallel& paralle
     j["kernel_set"] = kernel_set;
     j["expert_parallel"] = parallel.way();
     j["processes"] = parallel.ranks();
-    j["ep_results"] = o.execution.ep_results;
+    j["ep_results"] = parallel.results();
     j["repeat"] = o.repeat;
     j["median_ms"] = med * 1e3;
     j["min_ms"] = *std::min_element(t.times_s.begin(), t.times_s.end()) * 1e3;
@@ -524,7 +524,7 @@ int bench_parallel(const BenchOptions& o, const BenchLayer& b, Parallel& paralle
   } else if (report) {
     std::printf("expert-parallel %s over %d processes (%d threads each, %s results)\n",
                 parallel.way().c_str(), parallel.ranks(), ctx.threads(),
-                o.execution.ep_results.c_str());
+                parallel.results().c_str());
     std::printf(
         "forward: median %.3f ms (min %.3f ms, %d runs; the slowest process), %.1f "
         "tokens/s\n",
@@ -537,7 +537,7 @@ int bench_parallel(const BenchOptions& o, const BenchLayer& b, Parallel& paralle
   }
   const bool failed = b.check && report &&
                       (!(check.reference.max_rel_err <= kCheckBound) ||
-                       !(check.one_process_rel_err <= one_process_bound(o, b)));
+                       !(check.one_process_rel_err <= one_process_bound(parallel, b)));
   if (parallel.max_over_processes(failed ? 1.0 : 0.0) > 0) {
     if (report) std::fprintf(stderr, "w4a8moe bench: the correctness check failed\n");
     return 1;
@@ -548,7 +548,7 @@ int bench_parallel(const BenchOptions& o, const BenchLayer& b, Parallel& paralle
 }  // namespace
 
 int bench_command(const BenchOptions& o) {
-  Parallel parallel(o.execution);
+  Parallel parallel(o.execution, "f32");
   const BenchLayer b = prepare_layer(o, parallel);
   if (parallel.on()) return bench_parallel(o, b, parallel);
   const int64_t T = o.tokens, H = b.preset.hidden, E = b.preset.experts, K = b.preset.top_k;

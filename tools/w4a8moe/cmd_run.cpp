@@ -97,7 +97,7 @@ void run_parallel(Parallel& parallel, Context& context, const io::LoadedCase& c,
 }  // namespace
 
 int run_command(const RunOptions& options) {
-  Parallel parallel(options.execution);
+  Parallel parallel(options.execution, "exact");
   const io::LoadedCase c = io::load_case(options.input);
   const PackedExperts experts = case_experts(options, c, parallel);
 

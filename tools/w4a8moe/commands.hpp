@@ -14,7 +14,9 @@ struct ExecutionOptions {
   int threads = 0;  // 0: the hardware's thread count
   // Under mpirun: "all-reduce" or "dispatch" (parallel.hpp); empty: one process.
   std::string expert_parallel;
-  std::string ep_results = "f32";  // dispatch: the dtype results travel back in
+  // dispatch: how results travel back: f32, bf16, or exact (f32 rows per slot: forward()'s
+  // bits whatever the process count); empty: the command's default (run exact, bench f32)
+  std::string ep_results;
 };
 
 struct BenchOptions {

@@ -16,10 +16,9 @@ void add_execution_options(CLI::App* command, w4a8moe::cli::ExecutionOptions& op
   command->add_option("--expert-parallel", options.expert_parallel,
                       "under mpirun: all-reduce or dispatch; each process holds its share of "
                       "the experts");
-  command
-      ->add_option("--ep-results", options.ep_results,
-                   "dispatch: the dtype results travel back in, f32 or bf16")
-      ->capture_default_str();
+  command->add_option("--ep-results", options.ep_results,
+                      "dispatch: f32, bf16, or exact (a row per slot: the one-process bits "
+                      "whatever N); default exact for run, f32 for bench");
 }
 
 }  // namespace

@@ -27,13 +27,17 @@ void finalize_at_exit() {
 }
 }  // namespace
 
-Parallel::Parallel(const ExecutionOptions& options) : impl_(std::make_unique<Impl>()) {
+Parallel::Parallel(const ExecutionOptions& options, const std::string& default_results)
+    : impl_(std::make_unique<Impl>()) {
   if (options.expert_parallel.empty()) return;
   impl_->config.way = mpi::parse_way(options.expert_parallel, "--expert-parallel");
-  if (options.ep_results == "bf16")
+  results_ = options.ep_results.empty() ? default_results : options.ep_results;
+  if (results_ == "bf16")
     impl_->config.result_dtype = ResultDType::bf16;
-  else if (options.ep_results != "f32")
-    throw Error("--ep-results: expected f32 or bf16, got '" + options.ep_results + "'");
+  else if (results_ == "exact")
+    impl_->config.exact = true;
+  else if (results_ != "f32")
+    throw Error("--ep-results: expected f32, bf16 or exact, got '" + options.ep_results + "'");
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
@@ -110,7 +114,7 @@ std::vector<uint8_t> Parallel::gather_rows(std::span<const uint8_t> mine) const 
 
 struct Parallel::Impl {};
 
-Parallel::Parallel(const ExecutionOptions& options) {
+Parallel::Parallel(const ExecutionOptions& options, const std::string&) {
   if (!options.expert_parallel.empty())
     throw Error(
         "--expert-parallel: this build has no MPI (install libopenmpi-dev, then configure "

@@ -18,8 +18,9 @@ namespace w4a8moe::cli {
 class Parallel {
  public:
   // Starts MPI (once per process) when options.expert_parallel names a way; throws Error when
-  // this build has no MPI or the way or the result dtype is unknown.
-  explicit Parallel(const ExecutionOptions& options);
+  // this build has no MPI or the way or the results are unknown. `default_results`: the
+  // command's results when options.ep_results is empty.
+  Parallel(const ExecutionOptions& options, const std::string& default_results);
   ~Parallel();
   Parallel(const Parallel&) = delete;
   Parallel& operator=(const Parallel&) = delete;
@@ -29,6 +30,7 @@ class Parallel {
   int rank() const noexcept { return rank_; }
   int ranks() const noexcept { return ranks_; }
   const std::string& way() const noexcept { return way_; }
+  const std::string& results() const noexcept { return results_; }  // f32, bf16 or exact
   // The global experts this process packs: its even share of `experts` (all when off).
   std::vector<int32_t> local_experts(int64_t experts) const;
   // The tokens this process runs of a batch of T: [first, first + count). Dispatch: an even
@@ -60,7 +62,7 @@ class Parallel {
   std::unique_ptr<Impl> impl_;
   bool on_ = false, dispatch_ = false;
   int rank_ = 0, ranks_ = 1;
-  std::string way_;
+  std::string way_, results_;
 };
 
 }  // namespace w4a8moe::cli
