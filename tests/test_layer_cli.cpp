@@ -124,6 +124,70 @@ TEST_F(LayerCli, GgufLayerOutputIsForwardsBitForBit) {
   EXPECT_EQ(std::memcmp(out.bytes("topk_weights").data(), w.data(), w.size() * 4), 0);
 }
 
+// `mpirun -np N w4a8moe layer --expert-parallel`: each process loads its share of the experts
+// alone; with dispatch (exact results, the command's default) `out` is the one-process bytes for
+// 2 and 3 processes, with all-reduce within f32 summation-order error.
+TEST_F(LayerCli, ExpertParallelLayerIsTheOneProcessLayer) {
+#ifndef W4A8MOE_MPIEXEC
+  GTEST_SKIP() << "this build has no MPI";
+#else
+  GgufSpec spec;
+  spec.H = 128;
+  spec.I = 64;
+  spec.E = 10;  // uneven shares over 3 processes
+  spec.K = 3;
+  make_gguf(spec).writer.write(dir_ / "qwen.gguf");
+  const std::vector<std::string> common = {
+      "--model", dir_ / "qwen.gguf", "--layer", "1",        "--tokens",
+      "9",       "--threads",        "1",       "--repeat", "1"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = common;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  ASSERT_EQ(run(with({"--output", dir_ / "one.safetensors"})).exit_code, 0);
+  const io::SafetensorsFile one = io::SafetensorsFile::read(dir_ / "one.safetensors");
+  const auto want = one.bytes("out");
+  for (const char* np : {"2", "3"}) {
+    const std::string mpirun =
+        std::string(W4A8MOE_MPIEXEC) + " -np " + np + " --oversubscribe --allow-run-as-root ";
+    for (const char* way : {"dispatch", "all-reduce"}) {
+      const std::string file = dir_ / (std::string(way) + np + ".safetensors");
+      std::vector<std::string> command = {"layer"};
+      for (const std::string& a : with({"--output", file, "--expert-parallel", way}))
+        command.push_back(a);
+      const Result r = moe_test::run_program(command, dir_.path().string(), mpirun);
+      ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+      EXPECT_THAT(r.out,
+                  HasSubstr(std::string("expert-parallel ") + way + " over " + np + " processes"));
+      const io::SafetensorsFile got = io::SafetensorsFile::read(file);
+      const auto bytes = got.bytes("out");
+      ASSERT_EQ(bytes.size(), want.size());
+      if (std::string(way) == "dispatch") {
+        EXPECT_EQ(std::memcmp(bytes.data(), want.data(), want.size()), 0) << np << " processes";
+      } else {
+        const auto* g = reinterpret_cast<const float*>(bytes.data());
+        const auto* w = reinterpret_cast<const float*>(want.data());
+        float top = 0;
+        for (size_t i = 0; i < want.size() / 4; ++i) top = std::max(top, std::fabs(w[i]));
+        ASSERT_GT(top, 0.1f);
+        for (size_t i = 0; i < want.size() / 4; ++i)
+          ASSERT_LE(std::fabs(g[i] - w[i]), 1e-6f * top) << "element " << i;
+      }
+    }
+  }
+  std::vector<std::string> shared = {"layer"};
+  for (const std::string& a : with({"--expert-parallel", "dispatch", "--shared-experts"}))
+    shared.push_back(a);
+  const Result r = moe_test::run_program(
+      shared, dir_.path().string(),
+      std::string(W4A8MOE_MPIEXEC) + " -np 1 --oversubscribe --allow-run-as-root ");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("--shared-experts: expected no shared expert with "
+                               "--expert-parallel"));
+#endif
+}
+
 TEST_F(LayerCli, ConvertedWeightsReportTheirErrorOrAreRefused) {
   GgufSpec spec;
   spec.layers = 1;

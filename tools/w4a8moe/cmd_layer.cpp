@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -18,6 +19,7 @@
 #include "io/safetensors_writer.hpp"
 #include "w4a8moe/commands.hpp"
 #include "w4a8moe/forward_parts.hpp"
+#include "w4a8moe/parallel.hpp"
 #include "w4a8moe/progress.hpp"
 #include "w4a8moe/routing.hpp"
 #include "w4a8moe/w4a8moe.hpp"
@@ -113,10 +115,19 @@ struct Layer {
   const io::LayerInfo& info() const { return routed.source->info(); }
 };
 
-Layer load_layer(const LayerOptions& options) {
-  const io::LoadOptions load = load_options(options);
+Layer load_layer(const LayerOptions& options, const Parallel& parallel) {
+  io::LoadOptions load = load_options(options);
   Layer l;
   const auto load_start = std::chrono::steady_clock::now();
+  if (parallel.on()) {  // this process's share of the routed experts, read alone
+    if (options.shared_experts)
+      throw Error(
+          "--shared-experts: expected no shared expert with --expert-parallel (the "
+          "processes hold routed experts only), got the option");
+    const int64_t experts = io::open_layer(options.model, options.layer, load)->info().experts;
+    const std::vector<int32_t> mine = parallel.local_experts(experts);
+    load.experts = {mine.front(), static_cast<int64_t>(mine.size())};
+  }
   l.routed = load_part(options, load, false);
   l.with_shared = options.shared_experts && l.info().has_shared_expert;
   if (l.with_shared) l.shared = load_part(options, load, true);
@@ -228,12 +239,49 @@ double route(Layer& l, const TensorView& x) {
 
 // ---- the timed runs ----
 
+// Under --expert-parallel: each process runs its share (its experts; with dispatch, its run of
+// the tokens), timed as the slowest process; out whole on process 0.
+double time_layer_parallel(const Layer& l, const HiddenStates& hs, int repeat, Context& context,
+                           const MutableTensorView& out, Parallel& parallel) {
+  const io::LayerInfo& info = l.info();
+  const int64_t T = hs.x.shape[0], H = info.hidden, K = info.top_k;
+  parallel.setup(info.experts, l.routed.packed.w13.bytes(), l.routed.packed.w2.bytes(), K,
+                 info.params);
+  const auto [t0, n] = parallel.token_run(T);
+  const auto rows = [&, t0 = t0, n = n](const TensorView& v) {
+    const size_t row = static_cast<size_t>(v.stride()) * dtype_bytes(v.dtype);
+    return TensorView::of(static_cast<const uint8_t*>(v.data) + static_cast<size_t>(t0) * row,
+                          v.dtype, {n, v.shape[1]}, v.row_stride);
+  };
+  OutputTensor mine(out.dtype, n, H);
+  const auto run = [&] {
+    parallel.forward(context, rows(hs.x),
+                     rows(TensorView::of(l.routed.ids.data(), DType::i32, {T, K})),
+                     rows(TensorView::of(l.routed.weights.data(), DType::f32, {T, K})), mine.view);
+  };
+  run();  // warm-up
+  std::vector<double> times;
+  for (int r = 0; r < repeat; ++r) {
+    parallel.barrier();
+    const auto start = std::chrono::steady_clock::now();
+    run();
+    times.push_back(parallel.max_over_processes(seconds_since(start)));
+  }
+  const std::vector<uint8_t> all =
+      parallel.gather_rows({reinterpret_cast<const uint8_t*>(mine.storage.data()), mine.bytes});
+  if (parallel.rank() == 0)
+    std::memcpy(out.data, all.data(), static_cast<size_t>(T * H) * dtype_bytes(out.dtype));
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
 // A warm-up and `repeat` timed runs of the layer into `out`; returns the median seconds. With
 // the shared expert, both parts run on x in f32 and their f32 sum is rounded once to x's dtype;
 // without it, forward() writes `out` in x's dtype directly.
 double time_layer(const Layer& l, const HiddenStates& hs, int repeat, Context& context,
-                  const MutableTensorView& out) {
+                  const MutableTensorView& out, Parallel& parallel) {
   const int64_t T = hs.x.shape[0], H = l.info().hidden;
+  if (parallel.on()) return time_layer_parallel(l, hs, repeat, context, out, parallel);
   std::vector<float> routed_out, shared_out;
   const TensorView x_run = l.with_shared ? TensorView::of(hs.f32.data(), DType::f32, {T, H}) : hs.x;
   const auto run_part = [&](const Part& p, const MutableTensorView& dst) {
@@ -333,8 +381,10 @@ int compare_with_reference(const LayerOptions& options, const Layer& l,
 }  // namespace
 
 int layer_command(const LayerOptions& options) {
-  Layer l = load_layer(options);
-  print_layer(options, l);
+  Parallel parallel(options.execution, "exact");
+  Layer l = load_layer(options, parallel);
+  const bool report = parallel.rank() == 0;  // under --expert-parallel, process 0 reports
+  if (report) print_layer(options, l);
   HiddenStates hs;
   hidden_states(options, l.info().hidden, hs);
   const double route_seconds = route(l, hs.x);
@@ -342,13 +392,17 @@ int layer_command(const LayerOptions& options) {
   Context context = make_context(options.execution);
   const int64_t T = hs.x.shape[0];
   OutputTensor out(hs.x.dtype, T, l.info().hidden);
-  const double median = time_layer(l, hs, options.repeat, context, out.view);
+  const double median = time_layer(l, hs, options.repeat, context, out.view, parallel);
+  if (!report) return 0;
   std::printf(
       "forward: %lld tokens, %d threads: %.3f ms per forward (median of %d%s), %.1f tokens/s; "
       "routing %.3f ms\n",
       static_cast<long long>(T), context.threads(), median * 1e3, options.repeat,
       l.with_shared ? "; routed and shared experts" : "", static_cast<double>(T) / median,
       route_seconds * 1e3);
+  if (parallel.on())
+    std::printf("expert-parallel %s over %d processes (%s results; the slowest process)\n",
+                parallel.way().c_str(), parallel.ranks(), parallel.results().c_str());
 
   if (!options.output.empty()) write_layer_output(options, l, out, context);
   if (options.compare) return compare_with_reference(options, l, hs.f32, out.view);
