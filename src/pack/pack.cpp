@@ -26,23 +26,19 @@ struct PackJob {
   std::string_view w_name;
 };
 
-// PackOptions::experts, checked against the tensors' experts: the experts to pack, in order.
-std::vector<int32_t> selected_experts(const PackOptions& options, int64_t experts) {
-  std::vector<int32_t> out;
-  if (options.experts.empty()) {
-    for (int64_t e = 0; e < experts; ++e) out.push_back(static_cast<int32_t>(e));
-    return out;
-  }
-  std::vector<bool> seen(static_cast<size_t>(experts), false);
-  for (const int32_t e : options.experts) {
+// PackOptions::experts, checked against the tensors' experts; returns how many to pack.
+int64_t selected_experts(const PackOptions& options, int64_t experts) {
+  if (options.experts.empty()) return experts;
+  for (const int32_t e : options.experts)
     if (e < 0 || e >= experts)
       throw Error(cat("PackOptions::experts: expected expert indices in [0, ", experts,
                       ") (the tensors' experts), got ", e));
-    if (seen[static_cast<size_t>(e)])
-      throw Error(cat("PackOptions::experts: expected each expert once, got ", e, " twice"));
-    seen[static_cast<size_t>(e)] = true;
-  }
-  return options.experts;
+  std::vector<int32_t> sorted = options.experts;  // memory of the list, not of E
+  std::sort(sorted.begin(), sorted.end());
+  const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
+  if (twice != sorted.end())
+    throw Error(cat("PackOptions::experts: expected each expert once, got ", *twice, " twice"));
+  return static_cast<int64_t>(options.experts.size());
 }
 
 int64_t source_row(const PackJob& job, int64_t n) {
@@ -181,8 +177,7 @@ PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale
   const KernelSet& set = options.kernel_set.empty()
                              ? active_set()
                              : set_by_name(options.kernel_set, "PackOptions::kernel_set");
-  const std::vector<int32_t> experts = selected_experts(options, job.in.experts);
-  job.g = make_geometry(set.layout, role, static_cast<int64_t>(experts.size()), job.in.rows,
+  job.g = make_geometry(set.layout, role, selected_experts(options, job.in.experts), job.in.rows,
                         job.in.cols, options.group_size, scale_dtype, !bias.empty(), w_name);
 
   if (job.g.total_bytes > options.memory_limit)  // refuse before allocating
@@ -209,7 +204,7 @@ PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale
 
   // Experts are independent: pack them on all hardware threads (a one-time cost).
   parallel_for(job.g.experts, std::thread::hardware_concurrency(), [&](int64_t e) {
-    pack_expert(job, experts[static_cast<size_t>(e)],
+    pack_expert(job, options.experts.empty() ? e : options.experts[static_cast<size_t>(e)],
                 out.data() + kHeaderBytes + static_cast<size_t>(e) * job.g.expert_bytes);
   });
   return out;
@@ -224,10 +219,7 @@ size_t packed_size(WeightRole role, int64_t experts, int64_t rows, int64_t cols,
   const detail::KernelSet& set = options.kernel_set.empty()
                                      ? detail::active_set()
                                      : detail::set_by_name(options.kernel_set, "kernel_set");
-  if (!options.experts.empty()) {
-    detail::selected_experts(options, experts);  // the packer's checks
-    experts = static_cast<int64_t>(options.experts.size());
-  }
+  experts = detail::selected_experts(options, experts);  // with the packer's checks
   return detail::make_geometry(set.layout, role, experts, rows, cols, options.group_size, stored,
                                has_bias, argument)
       .total_bytes;
