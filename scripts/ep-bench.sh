@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Expert parallelism on one machine: the Qwen3-30B-A3B layer at 1, 32 and 512 tokens on one
 # process (all threads) and on 2 processes under mpirun (threads split between them), both ways,
-# one JSON line per run (docs/expert-parallel.md, "Measured"). Usage: scripts/ep-bench.sh [BUILD]
+# dispatch with f32, bf16 and exact results; one JSON line per run (docs/expert-parallel.md,
+# "Measured"). Usage: scripts/ep-bench.sh [BUILD]
 set -euo pipefail
 build="${1:-build}"
 cli="$build/w4a8moe"
@@ -12,7 +13,9 @@ for t in 1 32 512; do
   repeat=$(( t >= 512 ? 5 : 10 ))
   common=(bench --preset qwen3-30b-a3b --tokens "$t" --repeat "$repeat" --json)
   "$cli" "${common[@]}" --threads "$threads"
-  for way in all-reduce dispatch; do
-    "${mpi[@]}" "$cli" "${common[@]}" --threads "$per" --expert-parallel "$way"
+  "${mpi[@]}" "$cli" "${common[@]}" --threads "$per" --expert-parallel all-reduce
+  for results in f32 bf16 exact; do
+    "${mpi[@]}" "$cli" "${common[@]}" --threads "$per" --expert-parallel dispatch \
+      --ep-results "$results"
   done
 done
