@@ -55,25 +55,16 @@ auto translate_errors(F&& f) -> decltype(f()) {
 // ---------------------------------------------------------------------------------------------
 // Tensors <-> library views
 
+// The torch dtypes the library takes, and its names for them.
+constexpr std::pair<at::ScalarType, DType> kDTypes[] = {
+    {at::kFloat, DType::f32}, {at::kBFloat16, DType::bf16}, {at::kHalf, DType::f16},
+    {at::kChar, DType::i8},   {at::kByte, DType::u8},       {at::kInt, DType::i32},
+    {at::kLong, DType::i64}};
+
 DType to_dtype(at::ScalarType t, const char* name) {
-  switch (t) {
-    case at::kFloat:
-      return DType::f32;
-    case at::kBFloat16:
-      return DType::bf16;
-    case at::kHalf:
-      return DType::f16;
-    case at::kChar:
-      return DType::i8;
-    case at::kByte:
-      return DType::u8;
-    case at::kInt:
-      return DType::i32;
-    case at::kLong:
-      return DType::i64;
-    default:
-      TORCH_CHECK(false, name, ": dtype ", t, " is not supported");
-  }
+  for (const auto& [torch_dtype, dtype] : kDTypes)
+    if (t == torch_dtype) return dtype;
+  TORCH_CHECK(false, name, ": dtype ", t, " is not supported");
 }
 
 void require_cpu(const Tensor& t, const char* name) {
@@ -246,6 +237,29 @@ std::array<int64_t, 2> infer_output(const Tensor& x, const Tensor& topk_ids,
   });
 }
 
+w4a8moe::MoeParams params_of(int64_t activation_kind, double alpha, double limit,
+                             bool apply_router_weight_on_input) {
+  w4a8moe::MoeParams params;
+  params.activation = w4a8moe::activation_from_code(activation_kind);
+  params.alpha = static_cast<float>(alpha);
+  params.limit = static_cast<float>(limit);
+  params.apply_router_weight_on_input = apply_router_weight_on_input;
+  return params;
+}
+
+// The original op's schema (dynamic_4bit_int_moe): the _ex op with the default alpha and limit.
+template <Tensor (*Ex)(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                       int64_t, int64_t, int64_t, bool, int64_t, double, double)>
+Tensor with_default_alpha_limit(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
+                                const Tensor& w13_packed, const Tensor& w2_packed,
+                                int64_t hidden_size, int64_t intermediate_size, int64_t group_size,
+                                bool apply_router_weight_on_input, int64_t activation_kind) {
+  const w4a8moe::MoeParams defaults;
+  return Ex(x, topk_ids, topk_weights, w13_packed, w2_packed, hidden_size, intermediate_size,
+            group_size, apply_router_weight_on_input, activation_kind,
+            static_cast<double>(defaults.alpha), static_cast<double>(defaults.limit));
+}
+
 Tensor moe_ex_cpu(const Tensor& x_in, const Tensor& topk_ids_in, const Tensor& topk_weights_in,
                   const Tensor& w13_packed, const Tensor& w2_packed, int64_t hidden_size,
                   int64_t intermediate_size, int64_t group_size, bool apply_router_weight_on_input,
@@ -265,34 +279,17 @@ Tensor moe_ex_cpu(const Tensor& x_in, const Tensor& topk_ids_in, const Tensor& t
     Tensor x = x_in;
     const Tensor topk_ids = topk_ids_in.contiguous();
     const Tensor topk_weights = topk_weights_in.contiguous();
-    w4a8moe::MoeParams params;
-    params.activation = w4a8moe::activation_from_code(activation_kind);
-    params.alpha = static_cast<float>(alpha);
-    params.limit = static_cast<float>(limit);
-    params.apply_router_weight_on_input = apply_router_weight_on_input;
+    const w4a8moe::MoeParams params =
+        params_of(activation_kind, alpha, limit, apply_router_weight_on_input);
     const w4a8moe::TensorView xv = rows_view_of(x, "x");
     const w4a8moe::TensorView ids = view_of(topk_ids, "topk_ids");
     const w4a8moe::TensorView weights = view_of(topk_weights, "topk_weights");
-    w4a8moe::MutableTensorView ov;
-    ov.data = out.data_ptr();
-    ov.dtype = xv.dtype;
-    ov.rank = 2;
-    ov.shape = {shape[0], shape[1], 0};
+    const auto ov = w4a8moe::MutableTensorView::of(out.data_ptr(), xv.dtype, {shape[0], shape[1]});
 
     auto lease = w4a8moe::ContextPool::instance().lease(wanted_threads());
     w4a8moe::forward(lease.context(), xv, ids, weights, w13, w2, params, ov);
     return out;
   });
-}
-
-Tensor moe_cpu(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
-               const Tensor& w13_packed, const Tensor& w2_packed, int64_t hidden_size,
-               int64_t intermediate_size, int64_t group_size, bool apply_router_weight_on_input,
-               int64_t activation_kind) {
-  const w4a8moe::MoeParams defaults;
-  return moe_ex_cpu(x, topk_ids, topk_weights, w13_packed, w2_packed, hidden_size,
-                    intermediate_size, group_size, apply_router_weight_on_input, activation_kind,
-                    static_cast<double>(defaults.alpha), static_cast<double>(defaults.limit));
 }
 
 #if TORCH_VERSION_MAJOR < 2  // torch 2: w4a8moe/_fake.py
@@ -311,24 +308,10 @@ Tensor moe_ex_meta(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_w
       infer_output(x, topk_ids, topk_weights, Sizes{hidden_size, intermediate_size, group_size},
                    activation_kind);
   translate_errors([&] {
-    w4a8moe::MoeParams params;
-    params.activation = w4a8moe::activation_from_code(activation_kind);
-    params.alpha = static_cast<float>(alpha);
-    params.limit = static_cast<float>(limit);
-    params.apply_router_weight_on_input = apply_router_weight_on_input;
-    w4a8moe::check_moe_params(params);
+    w4a8moe::check_moe_params(
+        params_of(activation_kind, alpha, limit, apply_router_weight_on_input));
   });
   return at::empty({shape[0], shape[1]}, x.options());
-}
-
-Tensor moe_meta(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
-                const Tensor& w13_packed, const Tensor& w2_packed, int64_t hidden_size,
-                int64_t intermediate_size, int64_t group_size, bool apply_router_weight_on_input,
-                int64_t activation_kind) {
-  const w4a8moe::MoeParams defaults;
-  return moe_ex_meta(x, topk_ids, topk_weights, w13_packed, w2_packed, hidden_size,
-                     intermediate_size, group_size, apply_router_weight_on_input, activation_kind,
-                     static_cast<double>(defaults.alpha), static_cast<double>(defaults.limit));
 }
 
 #endif
@@ -426,14 +409,6 @@ std::tuple<Tensor, Tensor> pack_ex_cpu(const Tensor& w13_weight, const Tensor& w
   });
 }
 
-std::tuple<Tensor, Tensor> pack_cpu(const Tensor& w13_weight, const Tensor& w2_weight,
-                                    const Tensor& w13_weight_scale, const Tensor& w2_weight_scale,
-                                    int64_t group_size, const c10::optional<Tensor>& w13_bias,
-                                    const c10::optional<Tensor>& w2_bias) {
-  return pack_ex_cpu(w13_weight, w2_weight, w13_weight_scale, w2_weight_scale, group_size, w13_bias,
-                     w2_bias, "halves", "as_given", "");
-}
-
 // The packed sizes from shapes and dtypes alone.
 std::tuple<Tensor, Tensor> pack_ex_meta(const Tensor& w13_weight, const Tensor& w2_weight,
                                         const Tensor& w13_weight_scale,
@@ -462,12 +437,18 @@ std::tuple<Tensor, Tensor> pack_ex_meta(const Tensor& w13_weight, const Tensor& 
   });
 }
 
-std::tuple<Tensor, Tensor> pack_meta(const Tensor& w13_weight, const Tensor& w2_weight,
-                                     const Tensor& w13_weight_scale, const Tensor& w2_weight_scale,
-                                     int64_t group_size, const c10::optional<Tensor>& w13_bias,
-                                     const c10::optional<Tensor>& w2_bias) {
-  return pack_ex_meta(w13_weight, w2_weight, w13_weight_scale, w2_weight_scale, group_size,
-                      w13_bias, w2_bias, "halves", "as_given", "");
+// The original op's schema (convert_to_w4a8_int8_moe_format): the _ex op with halves, the scales
+// as given and the kernel set forward() picks.
+template <std::tuple<Tensor, Tensor> (*Ex)(const Tensor&, const Tensor&, const Tensor&,
+                                           const Tensor&, int64_t, const c10::optional<Tensor>&,
+                                           const c10::optional<Tensor>&, std::string, std::string,
+                                           std::string)>
+std::tuple<Tensor, Tensor> with_default_pack_options(
+    const Tensor& w13_weight, const Tensor& w2_weight, const Tensor& w13_weight_scale,
+    const Tensor& w2_weight_scale, int64_t group_size, const c10::optional<Tensor>& w13_bias,
+    const c10::optional<Tensor>& w2_bias) {
+  return Ex(w13_weight, w2_weight, w13_weight_scale, w2_weight_scale, group_size, w13_bias, w2_bias,
+            "halves", "as_given", "");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -503,27 +484,12 @@ std::tuple<bool, std::string> is_supported_config(at::ScalarType dtype, int64_t 
                                                   int64_t intermediate_size, int64_t num_experts,
                                                   int64_t top_k, int64_t group_size,
                                                   int64_t activation_kind) {
-  w4a8moe::MoeConfig c;
-  switch (dtype) {
-    case at::kFloat:
-      c.x_dtype = DType::f32;
-      break;
-    case at::kBFloat16:
-      c.x_dtype = DType::bf16;
-      break;
-    case at::kHalf:
-      c.x_dtype = DType::f16;
-      break;
-    default:
-      return {false, std::string("x dtype ") + c10::toString(dtype) +
-                         " is not supported; use float32, bfloat16 or float16 activations"};
-  }
-  c.hidden = hidden_size;
-  c.inter = intermediate_size;
-  c.experts = num_experts;
-  c.top_k = top_k;
-  c.group_size = group_size;
-  c.activation = activation_kind;
+  if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf)
+    return {false, std::string("x dtype ") + c10::toString(dtype) +
+                       " is not supported; use float32, bfloat16 or float16 activations"};
+  const w4a8moe::MoeConfig c{
+      to_dtype(dtype, "dtype"), hidden_size, intermediate_size, num_experts, top_k, group_size,
+      activation_kind};
   const w4a8moe::Support s = w4a8moe::is_supported_config(c);
   return {s.supported, s.reason};
 }
@@ -590,9 +556,11 @@ TORCH_LIBRARY(w4a8moe, m) {
 }
 
 TORCH_LIBRARY_IMPL(w4a8moe, CPU, m) {
-  m.impl("dynamic_4bit_int_moe", &w4a8moe_torch::moe_cpu);
+  m.impl("dynamic_4bit_int_moe",
+         &w4a8moe_torch::with_default_alpha_limit<w4a8moe_torch::moe_ex_cpu>);
   m.impl("dynamic_4bit_int_moe_ex", &w4a8moe_torch::moe_ex_cpu);
-  m.impl("convert_to_w4a8_int8_moe_format", &w4a8moe_torch::pack_cpu);
+  m.impl("convert_to_w4a8_int8_moe_format",
+         &w4a8moe_torch::with_default_pack_options<w4a8moe_torch::pack_ex_cpu>);
   m.impl("convert_to_w4a8_int8_moe_format_ex", &w4a8moe_torch::pack_ex_cpu);
   m.impl("packed_info", &w4a8moe_torch::packed_info_cpu);
 }
@@ -603,13 +571,15 @@ TORCH_LIBRARY_IMPL(w4a8moe, CPU, m) {
 // would specialise a compiled graph to one batch size.
 #if TORCH_VERSION_MAJOR < 2
 TORCH_LIBRARY_IMPL(w4a8moe, Meta, m) {
-  m.impl("dynamic_4bit_int_moe", &w4a8moe_torch::moe_meta);
+  m.impl("dynamic_4bit_int_moe",
+         &w4a8moe_torch::with_default_alpha_limit<w4a8moe_torch::moe_ex_meta>);
   m.impl("dynamic_4bit_int_moe_ex", &w4a8moe_torch::moe_ex_meta);
 }
 #endif
 
 TORCH_LIBRARY_IMPL(w4a8moe, Meta, m) {
-  m.impl("convert_to_w4a8_int8_moe_format", &w4a8moe_torch::pack_meta);
+  m.impl("convert_to_w4a8_int8_moe_format",
+         &w4a8moe_torch::with_default_pack_options<w4a8moe_torch::pack_ex_meta>);
   m.impl("convert_to_w4a8_int8_moe_format_ex", &w4a8moe_torch::pack_ex_meta);
   m.impl("packed_info", &w4a8moe_torch::packed_info_meta);
 }
