@@ -15,7 +15,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/from_blob.h>
 #include <c10/util/Optional.h>
 #include <torch/library.h>
 #include <torch/version.h>
@@ -34,6 +33,7 @@
 
 // Only the public API: the meta kernel of the packing op asks the library for the packed size
 // (w4a8moe::packed_size, the packer's own geometry), so the two can never disagree.
+#include "torch_util.hpp"
 #include "w4a8moe/w4a8moe.hpp"
 
 namespace w4a8moe_torch {
@@ -42,69 +42,12 @@ namespace {
 using at::Tensor;
 using w4a8moe::DType;
 
-// Runs f; a w4a8moe::Error becomes a torch error with the library's message.
-template <class F>
-auto translate_errors(F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const w4a8moe::Error& e) {
-    TORCH_CHECK(false, e.what());
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Tensors <-> library views
-
-// The torch dtypes the library takes, and its names for them.
-constexpr std::pair<at::ScalarType, DType> kDTypes[] = {
-    {at::kFloat, DType::f32}, {at::kBFloat16, DType::bf16}, {at::kHalf, DType::f16},
-    {at::kChar, DType::i8},   {at::kByte, DType::u8},       {at::kInt, DType::i32},
-    {at::kLong, DType::i64}};
-
-DType to_dtype(at::ScalarType t, const char* name) {
-  for (const auto& [torch_dtype, dtype] : kDTypes)
-    if (t == torch_dtype) return dtype;
-  TORCH_CHECK(false, name, ": dtype ", t, " is not supported");
-}
-
-void require_cpu(const Tensor& t, const char* name) {
-  TORCH_CHECK(t.device().is_cpu(), name, ": expected a CPU tensor, got one on ", t.device());
-}
-
-// A view of a contiguous CPU tensor of rank 1 to 3 (the caller keeps `t` alive).
-w4a8moe::TensorView view_of(const Tensor& t, const char* name) {
-  require_cpu(t, name);
-  TORCH_CHECK(t.dim() >= 1 && t.dim() <= 3, name, ": expected rank 1 to 3, got shape ", t.sizes());
-  TORCH_CHECK(t.is_contiguous(), name, ": expected a contiguous tensor");
-  w4a8moe::TensorView v;
-  v.data = t.data_ptr();
-  v.dtype = to_dtype(t.scalar_type(), name);
-  v.rank = static_cast<int>(t.dim());
-  for (int i = 0; i < v.rank; ++i) v.shape[static_cast<size_t>(i)] = t.size(i);
-  return v;
-}
-
-// A rank-2 view whose rows may be strided (x); copies only when the last dimension is strided.
-w4a8moe::TensorView rows_view_of(Tensor& t, const char* name) {
-  require_cpu(t, name);
-  TORCH_CHECK(t.dim() == 2, name, ": expected rank 2, got shape ", t.sizes());
-  if (t.stride(1) != 1 || (t.size(0) > 1 && t.stride(0) < t.size(1))) t = t.contiguous();
-  w4a8moe::TensorView v;
-  v.data = t.data_ptr();
-  v.dtype = to_dtype(t.scalar_type(), name);
-  v.rank = 2;
-  v.shape = {t.size(0), t.size(1), 0};
-  v.row_stride = t.size(0) > 1 ? t.stride(0) : 0;
-  return v;
-}
-
-std::span<const uint8_t> packed_bytes(const Tensor& t, const char* name) {
-  require_cpu(t, name);
-  TORCH_CHECK(t.scalar_type() == at::kByte, name,
-              ": expected a uint8 tensor of packed weights, got dtype ", t.scalar_type());
-  TORCH_CHECK(t.is_contiguous(), name, ": expected a contiguous tensor of packed weights");
-  return {static_cast<const uint8_t*>(t.data_ptr()), static_cast<size_t>(t.nbytes())};
-}
+using util::bytes_of;
+using util::moe_params;
+using util::to_dtype;
+using util::to_tensor;
+using util::translate_errors;
+using util::view_of;
 
 // ---------------------------------------------------------------------------------------------
 // Threads: the library's per-process w4a8moe::ContextPool, so that concurrent calls from several
@@ -237,16 +180,6 @@ std::array<int64_t, 2> infer_output(const Tensor& x, const Tensor& topk_ids,
   });
 }
 
-w4a8moe::MoeParams params_of(int64_t activation_kind, double alpha, double limit,
-                             bool apply_router_weight_on_input) {
-  w4a8moe::MoeParams params;
-  params.activation = w4a8moe::activation_from_code(activation_kind);
-  params.alpha = static_cast<float>(alpha);
-  params.limit = static_cast<float>(limit);
-  params.apply_router_weight_on_input = apply_router_weight_on_input;
-  return params;
-}
-
 // The original op's schema (dynamic_4bit_int_moe): the _ex op with the default alpha and limit.
 template <Tensor (*Ex)(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                        int64_t, int64_t, int64_t, bool, int64_t, double, double)>
@@ -266,8 +199,8 @@ Tensor moe_ex_cpu(const Tensor& x_in, const Tensor& topk_ids_in, const Tensor& t
                   int64_t activation_kind, double alpha, double limit) {
   const Sizes sizes{hidden_size, intermediate_size, group_size};
   return translate_errors([&] {
-    const auto w13 = packed_bytes(w13_packed, "w13_packed");
-    const auto w2 = packed_bytes(w2_packed, "w2_packed");
+    const auto w13 = bytes_of(w13_packed, "w13_packed");
+    const auto w2 = bytes_of(w2_packed, "w2_packed");
     // w2's header first: a call with both headers damaged names w2_packed.
     HeaderCache& headers = HeaderCache::instance();
     const HeaderFacts w2_facts = headers.facts(w2, "w2_packed");
@@ -277,11 +210,11 @@ Tensor moe_ex_cpu(const Tensor& x_in, const Tensor& topk_ids_in, const Tensor& t
     if (shape[0] == 0) return out;
 
     Tensor x = x_in;
-    const Tensor topk_ids = topk_ids_in.contiguous();
-    const Tensor topk_weights = topk_weights_in.contiguous();
+    Tensor topk_ids = topk_ids_in.contiguous();
+    Tensor topk_weights = topk_weights_in.contiguous();
     const w4a8moe::MoeParams params =
-        params_of(activation_kind, alpha, limit, apply_router_weight_on_input);
-    const w4a8moe::TensorView xv = rows_view_of(x, "x");
+        moe_params(apply_router_weight_on_input, activation_kind, alpha, limit);
+    const w4a8moe::TensorView xv = view_of(x, "x", /*rows_strided=*/true);
     const w4a8moe::TensorView ids = view_of(topk_ids, "topk_ids");
     const w4a8moe::TensorView weights = view_of(topk_weights, "topk_weights");
     const auto ov = w4a8moe::MutableTensorView::of(out.data_ptr(), xv.dtype, {shape[0], shape[1]});
@@ -309,7 +242,7 @@ Tensor moe_ex_meta(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_w
                    activation_kind);
   translate_errors([&] {
     w4a8moe::check_moe_params(
-        params_of(activation_kind, alpha, limit, apply_router_weight_on_input));
+        moe_params(apply_router_weight_on_input, activation_kind, alpha, limit));
   });
   return at::empty({shape[0], shape[1]}, x.options());
 }
@@ -365,14 +298,6 @@ LogicalShape check_weight_shapes(const Tensor& w13, const Tensor& w2) {
               "] (from w13_weight ", w13.sizes(), "), got shape ", w2.sizes(),
               w2.scalar_type() == at::kByte ? " (nibble-packed)" : "");
   return s;
-}
-
-Tensor to_tensor(w4a8moe::PackedWeights packed) {
-  auto* holder = new w4a8moe::PackedWeights(std::move(packed));
-  const auto bytes = static_cast<int64_t>(holder->size());
-  return at::from_blob(
-      holder->data(), {bytes}, [holder](void*) { delete holder; },
-      at::TensorOptions().dtype(at::kByte));
 }
 
 std::tuple<Tensor, Tensor> pack_ex_cpu(const Tensor& w13_weight, const Tensor& w2_weight,
@@ -459,7 +384,7 @@ using InfoTuple = std::tuple<int64_t, std::string, std::string, int64_t, int64_t
 
 InfoTuple packed_info_cpu(const Tensor& packed) {
   return translate_errors([&] {
-    const auto i = w4a8moe::inspect_packed(packed_bytes(packed, "packed"), "packed");
+    const auto i = w4a8moe::inspect_packed(bytes_of(packed, "packed"), "packed");
     return InfoTuple{i.version,
                      i.layout,
                      i.role == w4a8moe::WeightRole::w13 ? "w13" : "w2",
@@ -514,6 +439,20 @@ void set_isa_cap(std::string name) {
 
 std::string cpu_features() { return w4a8moe::cpu_features().summary(); }
 
+// The kernels of one dispatch key (CPU, Meta): each _ex op, and the original schema on top of it.
+template <auto MoeEx>
+void impl_forward_ops(torch::Library& m) {
+  m.impl("dynamic_4bit_int_moe", &with_default_alpha_limit<MoeEx>);
+  m.impl("dynamic_4bit_int_moe_ex", MoeEx);
+}
+
+template <auto PackEx, auto Info>
+void impl_packing_ops(torch::Library& m) {
+  m.impl("convert_to_w4a8_int8_moe_format", &with_default_pack_options<PackEx>);
+  m.impl("convert_to_w4a8_int8_moe_format_ex", PackEx);
+  m.impl("packed_info", Info);
+}
+
 }  // namespace
 }  // namespace w4a8moe_torch
 
@@ -556,13 +495,8 @@ TORCH_LIBRARY(w4a8moe, m) {
 }
 
 TORCH_LIBRARY_IMPL(w4a8moe, CPU, m) {
-  m.impl("dynamic_4bit_int_moe",
-         &w4a8moe_torch::with_default_alpha_limit<w4a8moe_torch::moe_ex_cpu>);
-  m.impl("dynamic_4bit_int_moe_ex", &w4a8moe_torch::moe_ex_cpu);
-  m.impl("convert_to_w4a8_int8_moe_format",
-         &w4a8moe_torch::with_default_pack_options<w4a8moe_torch::pack_ex_cpu>);
-  m.impl("convert_to_w4a8_int8_moe_format_ex", &w4a8moe_torch::pack_ex_cpu);
-  m.impl("packed_info", &w4a8moe_torch::packed_info_cpu);
+  w4a8moe_torch::impl_forward_ops<&w4a8moe_torch::moe_ex_cpu>(m);
+  w4a8moe_torch::impl_packing_ops<&w4a8moe_torch::pack_ex_cpu, &w4a8moe_torch::packed_info_cpu>(m);
 }
 
 // The forward ops' shape functions: here for torch 1.x; torch 2 gets them from Python
@@ -571,17 +505,13 @@ TORCH_LIBRARY_IMPL(w4a8moe, CPU, m) {
 // would specialise a compiled graph to one batch size.
 #if TORCH_VERSION_MAJOR < 2
 TORCH_LIBRARY_IMPL(w4a8moe, Meta, m) {
-  m.impl("dynamic_4bit_int_moe",
-         &w4a8moe_torch::with_default_alpha_limit<w4a8moe_torch::moe_ex_meta>);
-  m.impl("dynamic_4bit_int_moe_ex", &w4a8moe_torch::moe_ex_meta);
+  w4a8moe_torch::impl_forward_ops<&w4a8moe_torch::moe_ex_meta>(m);
 }
 #endif
 
 TORCH_LIBRARY_IMPL(w4a8moe, Meta, m) {
-  m.impl("convert_to_w4a8_int8_moe_format",
-         &w4a8moe_torch::with_default_pack_options<w4a8moe_torch::pack_ex_meta>);
-  m.impl("convert_to_w4a8_int8_moe_format_ex", &w4a8moe_torch::pack_ex_meta);
-  m.impl("packed_info", &w4a8moe_torch::packed_info_meta);
+  w4a8moe_torch::impl_packing_ops<&w4a8moe_torch::pack_ex_meta, &w4a8moe_torch::packed_info_meta>(
+      m);
 }
 
 // The ops have no derivative. Torch 1.13 has no fallthrough for AutogradMeta (it has one for
