@@ -1,11 +1,14 @@
 // The w4a8moe program as a command, for the suites that test it end to end: its path (given by
-// CMake as W4A8MOE_CLI_PATH, null when the program is not part of the build), shell quoting, and
-// a run that captures the exit code, stdout and stderr.
+// CMake as W4A8MOE_CLI_PATH, null when the program is not part of the build), shell quoting, a
+// run that captures the exit code, stdout and stderr, and a fixture with a temporary folder.
 #pragma once
 
+#include <gtest/gtest.h>
+#include <stdlib.h>
 #include <sys/wait.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -60,5 +63,31 @@ inline ProgramResult run_program(const std::vector<std::string>& args, const std
   r.err = read_text_file(err_file);
   return r;
 }
+
+// A test of the program: skipped when the program is not part of the build, with a temporary
+// folder dir_ (removed afterwards) that holds its files and the captured output of run().
+class ProgramTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    if (kCliPath == nullptr) GTEST_SKIP() << "the w4a8moe program is not part of this build";
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "w4a8moe_program_XXXXXX").string();
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+  }
+  void TearDown() override {
+    std::error_code ignored;
+    if (!dir_.empty()) std::filesystem::remove_all(dir_, ignored);
+  }
+
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  // `env` is a prefix such as "W4A8MOE_ISA=scalar " (or empty).
+  ProgramResult run(const std::vector<std::string>& args, const std::string& env = "") {
+    return run_program(args, dir_.string(), env);
+  }
+
+  std::filesystem::path dir_;
+};
 
 }  // namespace moe_test

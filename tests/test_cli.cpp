@@ -31,8 +31,6 @@ using ::testing::HasSubstr;
 using ::testing::StartsWith;
 namespace fs = std::filesystem;
 
-using moe_test::kCliPath;
-
 constexpr int kThreads = 2;
 
 // ---------------------------------------------------------------------------------------------
@@ -170,15 +168,15 @@ GeneratedCase generate(const CaseSpec& spec) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
   const int64_t T = spec.tokens, H = spec.hidden, I = spec.inter, E = spec.experts, K = spec.top_k;
+  c.problem = {.tokens = T,
+               .hidden = H,
+               .inter = I,
+               .experts = E,
+               .top_k = K,
+               .group_size = spec.group_size,
+               .interleaved = spec.interleaved,
+               .activation = static_cast<int>(spec.activation)};
   moe_ref::Problem& p = c.problem;
-  p.tokens = T;
-  p.hidden = H;
-  p.inter = I;
-  p.experts = E;
-  p.top_k = K;
-  p.group_size = spec.group_size;
-  p.interleaved = spec.interleaved;
-  p.activation = static_cast<int>(spec.activation);
   if (spec.alpha) p.alpha = std::stof(spec.alpha);
   if (spec.limit) p.limit = std::stof(spec.limit);
   p.apply_router_weight_on_input = spec.on_input;
@@ -236,25 +234,8 @@ GeneratedCase generate(const CaseSpec& spec) {
 
 using RunResult = moe_test::ProgramResult;
 
-class CliTest : public ::testing::Test {
+class CliTest : public moe_test::ProgramTest {
  protected:
-  void SetUp() override {
-    if (kCliPath == nullptr) GTEST_SKIP() << "the w4a8moe program is not part of this build";
-    std::string pattern = (fs::temp_directory_path() / "w4a8moe_cli_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
-  }
-  void TearDown() override {
-    std::error_code ignored;
-    if (!dir_.empty()) fs::remove_all(dir_, ignored);
-  }
-
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
-  RunResult run(const std::vector<std::string>& args) {
-    return moe_test::run_program(args, dir_.string());
-  }
-
   RunResult run_case(const std::string& input, const std::string& output) {
     return run(
         {"run", "--input", input, "--output", output, "--threads", std::to_string(kThreads)});
@@ -275,8 +256,6 @@ class CliTest : public ::testing::Test {
 
   // Writes the case, runs the program on it and checks `out` three ways.
   void check_case(const GeneratedCase& c);
-
-  fs::path dir_;
 };
 
 // Rounding of the output dtype, relative: half a unit in the last place, doubled for safety.
@@ -322,13 +301,8 @@ void CliTest::check_case(const GeneratedCase& c) {
     const PackedWeights w2 = pack_w2(w.w2, w.w2_scale, w.w2_bias, options);
     Context context(kThreads);
     std::vector<uint8_t> expected(out_bytes.size());
-    MutableTensorView view;
-    view.data = expected.data();
-    view.dtype = spec.x_dtype;
-    view.rank = 2;
-    view.shape = {T, H, 0};
     forward(context, c.x.view(), c.ids.view(), c.topk_weights.view(), w13.bytes(), w2.bytes(),
-            c.params(), view);
+            c.params(), MutableTensorView::of(expected.data(), spec.x_dtype, {T, H}));
     EXPECT_TRUE(std::equal(expected.begin(), expected.end(), out_bytes.begin()))
         << "the program's output differs from forward() in this process";
   }
@@ -361,13 +335,8 @@ void CliTest::check_case(const GeneratedCase& c) {
   // 3. The library's own reference_forward, in the output dtype.
   {
     std::vector<uint8_t> lib_bytes(out_bytes.size());
-    MutableTensorView view;
-    view.data = lib_bytes.data();
-    view.dtype = spec.x_dtype;
-    view.rank = 2;
-    view.shape = {T, H, 0};
     reference_forward(c.x.view(), c.ids.view(), c.topk_weights.view(), c.weights(), c.params(),
-                      view);
+                      MutableTensorView::of(lib_bytes.data(), spec.x_dtype, {T, H}));
     const std::vector<float> lib = decode_floats(spec.x_dtype, lib_bytes);
     for (size_t i = 0; i < out.size(); ++i)
       ASSERT_LE(std::fabs(static_cast<double>(out[i]) - static_cast<double>(lib[i])),
@@ -398,62 +367,50 @@ void CliTest::check_case(const GeneratedCase& c) {
 // ---------------------------------------------------------------------------------------------
 // Results
 
-TEST_F(CliTest, F32ChannelwiseSilu) {
-  CaseSpec spec;
-  spec.seed = 101;
-  check_case(generate(spec));
-}
+TEST_F(CliTest, F32ChannelwiseSilu) { check_case(generate({.seed = 101})); }
 
 TEST_F(CliTest, Bf16NibblePackedGroupwiseGelu) {
-  CaseSpec spec;
-  spec.x_dtype = DType::bf16;
-  spec.float_dtype = DType::bf16;
-  spec.ids_dtype = DType::i64;
-  spec.nibble_packed = true;
-  spec.group_size = 32;
-  spec.activation = Activation::gelu;
-  spec.seed = 202;
-  check_case(generate(spec));
+  check_case(generate({.group_size = 32,
+                       .x_dtype = DType::bf16,
+                       .float_dtype = DType::bf16,
+                       .ids_dtype = DType::i64,
+                       .nibble_packed = true,
+                       .activation = Activation::gelu,
+                       .seed = 202}));
 }
 
 TEST_F(CliTest, F32InterleavedSwigluoaiBiasRouterOnInput) {
-  CaseSpec spec;
-  spec.interleaved = true;
-  spec.bias = true;
-  spec.hidden = 128;
-  spec.group_size = 64;
-  spec.activation = Activation::swigluoai;
-  spec.alpha = "1.5";
-  spec.limit = "5";
-  spec.on_input = true;
-  spec.seed = 303;
-  check_case(generate(spec));
+  check_case(generate({.hidden = 128,
+                       .group_size = 64,
+                       .interleaved = true,
+                       .bias = true,
+                       .activation = Activation::swigluoai,
+                       .alpha = "1.5",
+                       .limit = "5",
+                       .on_input = true,
+                       .seed = 303}));
 }
 
 TEST_F(CliTest, F16NibblePackedInterleavedSwiglustepTopKEqualsE) {
-  CaseSpec spec;
-  spec.x_dtype = DType::f16;
-  spec.float_dtype = DType::f16;
-  spec.nibble_packed = true;
-  spec.interleaved = true;
-  spec.bias = true;
-  spec.group_size = 32;
-  spec.activation = Activation::swiglustep;
-  spec.limit = "1.25";  // small enough that the clamps act on this data
-  spec.top_k = 4;       // = experts
-  spec.tokens = 1;
-  spec.seed = 404;
-  check_case(generate(spec));
+  check_case(generate({.tokens = 1,
+                       .top_k = 4,  // = experts
+                       .group_size = 32,
+                       .x_dtype = DType::f16,
+                       .float_dtype = DType::f16,
+                       .nibble_packed = true,
+                       .interleaved = true,
+                       .bias = true,
+                       .activation = Activation::swiglustep,
+                       .limit = "1.25",  // small enough that the clamps act on this data
+                       .seed = 404}));
 }
 
 TEST_F(CliTest, GeluTanhBf16ScalesF32X) {
-  CaseSpec spec;
-  spec.float_dtype = DType::bf16;
-  spec.activation = Activation::gelu_tanh;
-  spec.group_size = 32;
-  spec.tokens = 33;
-  spec.seed = 505;
-  check_case(generate(spec));
+  check_case(generate({.tokens = 33,
+                       .group_size = 32,
+                       .float_dtype = DType::bf16,
+                       .activation = Activation::gelu_tanh,
+                       .seed = 505}));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -490,8 +447,7 @@ TEST_F(CliTest, MalformedInputFile) {
 TEST_F(CliTest, IdsOutOfRange) {
   for (const int64_t bad_id : {int64_t{4}, int64_t{-1}, int64_t{1} << 40}) {
     SCOPED_TRACE(bad_id);
-    CaseSpec spec;
-    spec.ids_dtype = DType::i64;
+    const CaseSpec spec{.ids_dtype = DType::i64};
     GeneratedCase c = generate(spec);
     std::vector<int64_t> ids = c.problem.ids;
     ids[5] = bad_id;  // E = 4

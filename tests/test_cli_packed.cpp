@@ -28,8 +28,6 @@ namespace fs = std::filesystem;
 using moe_test::CaseSpec;
 using moe_test::DType;
 
-using moe_test::kCliPath;
-
 using Result = moe_test::ProgramResult;
 
 // Writes the inputs of one forward call as a case file (README, "The program": run).
@@ -61,38 +59,19 @@ void write_case(const moe_test::Case& c, const std::string& path) {
 }
 
 CaseSpec cli_spec(uint64_t seed) {
-  CaseSpec s;
-  s.tokens = 11;
-  s.hidden = 128;
-  s.inter = 64;
-  s.experts = 6;
-  s.top_k = 3;
-  s.group_size = 32;
-  s.bias = true;
+  CaseSpec s{11, 128, 64, 6, 3, 32, DType::bf16};  // T, H, I, E, K, group size, x dtype
   s.activation = w4a8moe::Activation::swigluoai;
-  s.x_dtype = DType::bf16;
+  s.bias = true;
   s.seed = seed;
   return s;
 }
 
-class CliPacked : public testing::Test {
+class CliPacked : public moe_test::ProgramTest {
  protected:
   void SetUp() override {
-    if (kCliPath == nullptr) GTEST_SKIP() << "the w4a8moe program is not part of this build";
-    std::string pattern = (fs::temp_directory_path() / "w4a8moe_clipk_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
+    ProgramTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
     write_case(moe_test::make_case(cli_spec(801)), path("case.safetensors"));
-  }
-  void TearDown() override {
-    std::error_code ignored;
-    if (!dir_.empty()) fs::remove_all(dir_, ignored);
-  }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
-  // `env` is a prefix such as "W4A8MOE_ISA=scalar " (or empty).
-  Result run(const std::vector<std::string>& args, const std::string& env = "") {
-    return moe_test::run_program(args, dir_.string(), env);
   }
 
   std::vector<uint8_t> out_bytes(const std::string& file) {
@@ -109,8 +88,6 @@ class CliPacked : public testing::Test {
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
     EXPECT_NE(r.err.find(fragment), std::string::npos) << r.err;
   }
-
-  fs::path dir_;
 };
 
 TEST_F(CliPacked, RunWithAPackedFileGivesTheSameBits) {

@@ -21,15 +21,13 @@ using w4a8moe::MoeConfig;
 // -------------------------------------------------------------------------
 
 MoeConfig good_config() {
-  MoeConfig c;
-  c.x_dtype = DType::bf16;
-  c.hidden = 2048;
-  c.inter = 768;
-  c.experts = 128;
-  c.top_k = 8;
-  c.group_size = 128;
-  c.activation = 2;
-  return c;
+  return {.x_dtype = DType::bf16,
+          .hidden = 2048,
+          .inter = 768,
+          .experts = 128,
+          .top_k = 8,
+          .group_size = 128,
+          .activation = 2};
 }
 
 TEST(SupportedConfig, SupportedConfigsSayYesWithoutAReason) {
@@ -104,14 +102,9 @@ TEST(SupportedConfig, UnsupportedConfigsSayNoWithAReason) {
 }
 
 TEST(SupportedConfig, NeverThrows) {
-  MoeConfig c;
-  c.x_dtype = static_cast<DType>(200);
-  c.hidden = INT64_MAX;
-  c.inter = INT64_MIN;
-  c.experts = INT64_MAX;
-  c.top_k = INT64_MAX;
-  c.group_size = INT64_MIN;
-  c.activation = INT64_MAX;
+  // Every field out of range.
+  MoeConfig c{
+      static_cast<DType>(200), INT64_MAX, INT64_MIN, INT64_MAX, INT64_MAX, INT64_MIN, INT64_MAX};
   EXPECT_NO_THROW({
     const w4a8moe::Support s = w4a8moe::is_supported_config(c);
     EXPECT_FALSE(s.supported);
@@ -126,19 +119,9 @@ TEST(SupportedConfig, NeverThrows) {
 
 TEST(SupportedConfig, AgreesWithWhatTheLibraryAccepts) {
   // A supported config (g = 96, not a power of two) packs and runs.
-  moe_test::CaseSpec spec;
-  spec.tokens = 2;
-  spec.hidden = 384;
-  spec.inter = 192;
-  spec.experts = 2;
-  spec.top_k = 1;
-  spec.group_size = 96;
-  MoeConfig c;
-  c.hidden = spec.hidden;
-  c.inter = spec.inter;
-  c.experts = spec.experts;
-  c.top_k = spec.top_k;
-  c.group_size = spec.group_size;
+  const moe_test::CaseSpec spec{
+      .tokens = 2, .hidden = 384, .inter = 192, .experts = 2, .top_k = 1, .group_size = 96};
+  MoeConfig c{DType::f32, spec.hidden, spec.inter, spec.experts, spec.top_k, spec.group_size};
   ASSERT_TRUE(w4a8moe::is_supported_config(c).supported);
   const moe_test::Case cs = moe_test::make_case(spec);
   w4a8moe::Context context(1);

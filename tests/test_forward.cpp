@@ -70,14 +70,7 @@ std::vector<Named> original_grid() {
   for (const Shape& sh : shapes)
     for (const int64_t tokens : {1, 2, 64, 128})
       for (const DType dt : {DType::f32, DType::bf16, DType::f16}) {
-        CaseSpec s;
-        s.tokens = tokens;
-        s.inter = sh.inter;
-        s.hidden = sh.hidden;
-        s.experts = sh.experts;
-        s.top_k = sh.top_k;
-        s.group_size = sh.group;
-        s.x_dtype = dt;
+        CaseSpec s{tokens, sh.hidden, sh.inter, sh.experts, sh.top_k, sh.group, dt};
         s.seed = ++seed;
         const std::string g = sh.group < 0 ? "cw" : std::to_string(sh.group);
         // Built with += (GCC 12 reports a false -Wrestrict for "literal" + std::string&&).
@@ -101,15 +94,8 @@ INSTANTIATE_TEST_SUITE_P(Forward, OriginalGrid, testing::ValuesIn(original_grid(
 
 // ---- beyond the original grid ------------------------------------------------------------------
 
-CaseSpec base(int64_t tokens = 64) {
-  CaseSpec s;
-  s.tokens = tokens;
-  s.inter = 256;
-  s.hidden = 512;
-  s.experts = 8;
-  s.top_k = 2;
-  s.group_size = 128;
-  return s;
+CaseSpec base(int64_t tokens = 64) {  // K 2
+  return {.tokens = tokens, .hidden = 512, .inter = 256, .experts = 8, .group_size = 128};
 }
 
 std::vector<Named> feature_grid() {
@@ -304,28 +290,26 @@ std::vector<Named> feature_grid() {
 
   // everything at once
   {
-    CaseSpec s;
-    s.tokens = 33;
-    s.hidden = 384;
-    s.inter = 192;
-    s.experts = 6;
-    s.top_k = 3;
-    s.group_size = 96;
-    s.x_dtype = DType::f16;
-    s.scale_dtype = DType::bf16;
-    s.topk_weights_dtype = DType::bf16;
-    s.bias_dtype = DType::f16;
-    s.ids_dtype = DType::i64;
-    s.activation = Activation::swigluoai;
-    s.alpha = 1.5f;
-    s.limit = 5.0f;
-    s.bias = true;
-    s.apply_router_weight_on_input = true;
-    s.interleaved = true;
-    s.nibbles = true;
-    s.routing = Routing::repeated;
-    s.x_stride_extra = 8;
-    add("everything_at_once", s);
+    add("everything_at_once", {.tokens = 33,
+                               .hidden = 384,
+                               .inter = 192,
+                               .experts = 6,
+                               .top_k = 3,
+                               .group_size = 96,
+                               .x_dtype = DType::f16,
+                               .scale_dtype = DType::bf16,
+                               .topk_weights_dtype = DType::bf16,
+                               .bias_dtype = DType::f16,
+                               .ids_dtype = DType::i64,
+                               .activation = Activation::swigluoai,
+                               .alpha = 1.5f,
+                               .limit = 5.0f,
+                               .bias = true,
+                               .apply_router_weight_on_input = true,
+                               .interleaved = true,
+                               .nibbles = true,
+                               .routing = Routing::repeated,
+                               .x_stride_extra = 8});
   }
   return out;
 }

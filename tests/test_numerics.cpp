@@ -105,13 +105,19 @@ TEST(Numerics, F32ToSixteenBitMatchesReferenceOnRandomBitPatterns) {
   }
 }
 
+// A random f32 whose exponent is where f16 is normal or subnormal (random bit patterns are mostly
+// outside it); `bits` gets its bit pattern.
+float random_float_in_f16_range(moe_test::Rng& rng, uint32_t& bits) {
+  const uint32_t exponent = static_cast<uint32_t>(rng.integer(127 - 30, 127 + 16)) << 23;
+  bits = (static_cast<uint32_t>(rng.next()) & 0x807fffffu) | exponent;
+  return std::bit_cast<float>(bits);
+}
+
 TEST(Numerics, F32ToSixteenBitMatchesReferenceInTheF16Range) {
-  // Exponents where f16 is normal or subnormal: random bit patterns are mostly outside it.
   moe_test::Rng rng(7);
   for (int i = 0; i < 1000000; ++i) {
-    const uint32_t exponent = static_cast<uint32_t>(rng.integer(127 - 30, 127 + 16)) << 23;
-    const uint32_t bits = (static_cast<uint32_t>(rng.next()) & 0x807fffffu) | exponent;
-    const float f = std::bit_cast<float>(bits);
+    uint32_t bits = 0;
+    const float f = random_float_in_f16_range(rng, bits);
     ASSERT_TRUE(same_f16(lib::f32_to_f16(f), moe_ref::f32_to_f16(f)))
         << "f32 0x" << std::hex << bits << " (" << f << ")";
   }
@@ -127,9 +133,8 @@ TEST(Numerics, F32ToSixteenBitMatchesReferenceInTheF16Range) {
 TEST(Numerics, ReferenceF16AgreesWithCompilerFloat16) {
   moe_test::Rng rng(99);
   for (int i = 0; i < 1000000; ++i) {
-    const uint32_t exponent = static_cast<uint32_t>(rng.integer(127 - 30, 127 + 16)) << 23;
-    const uint32_t bits = (static_cast<uint32_t>(rng.next()) & 0x807fffffu) | exponent;
-    const float f = std::bit_cast<float>(bits);
+    uint32_t bits = 0;
+    const float f = random_float_in_f16_range(rng, bits);
     const auto h = static_cast<W4A8MOE_COMPILER_F16>(f);
     ASSERT_EQ(moe_ref::f32_to_f16(f), std::bit_cast<uint16_t>(h)) << "f32 0x" << std::hex << bits;
     ASSERT_TRUE(same_float(moe_ref::f16_to_f32(std::bit_cast<uint16_t>(h)), static_cast<float>(h)));

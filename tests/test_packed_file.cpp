@@ -40,16 +40,7 @@ constexpr size_t kFileVersionAt = 8, kFormatVersionAt = 16, kLayoutAt = 20, kFil
                  kHeaderBytes = 4096;
 
 CaseSpec file_spec() {
-  CaseSpec s;
-  s.tokens = 9;
-  s.hidden = 256;
-  s.inter = 96;
-  s.experts = 5;
-  s.top_k = 2;
-  s.group_size = 32;
-  s.bias = true;
-  s.seed = 601;
-  return s;
+  return {.tokens = 9, .inter = 96, .experts = 5, .group_size = 32, .bias = true, .seed = 601};
 }
 
 std::vector<uint8_t> read_bytes(const std::string& path) {
@@ -317,6 +308,13 @@ TEST_F(PackedFileTest, DamageIsRefusedWithTheFileName) {
     change(b);
     return b;
   };
+  // The good file with one header field set and the header checksum made to agree.
+  auto with_field = [&](size_t at, auto value) {
+    return with([&](auto& b) {
+      put(b, at, value);
+      reseal(b);
+    });
+  };
   expect_refused({}, {"0 bytes"});
   expect_refused(std::vector<uint8_t>(good.begin(), good.begin() + 4095), {"4095 bytes"});
   expect_refused(std::vector<uint8_t>(good.begin(), good.end() - 1),
@@ -327,56 +325,17 @@ TEST_F(PackedFileTest, DamageIsRefusedWithTheFileName) {
   expect_refused(with([](auto& b) { b[5000] ^= 1; }), {"payload checksum"});
   expect_refused(with([](auto& b) { b.back() ^= 0x80; }), {"payload checksum"});
   expect_refused(with([](auto& b) { b[300] = 1; }), {"padding"});
-  expect_refused(with([](auto& b) {
-                   put<uint32_t>(b, kFileVersionAt, 2);
-                   reseal(b);
-                 }),
+  expect_refused(with_field(kFileVersionAt, uint32_t{2}),
                  {"file version 1", "version 2", "w4a8moe pack"});
-  expect_refused(with([](auto& b) {
-                   put<uint32_t>(b, kFormatVersionAt, 77);
-                   reseal(b);
-                 }),
-                 {"packed format version", "77"});
-  expect_refused(with([](auto& b) {
-                   put<uint32_t>(b, kLayoutAt, 99);
-                   reseal(b);
-                 }),
-                 {"layout", "99"});
-  expect_refused(with([](auto& b) {
-                   put<uint64_t>(b, kFileBytesAt, 1ull << 62);
-                   reseal(b);
-                 }),
-                 {"header says"});
-  expect_refused(with([](auto& b) {
-                   put<uint64_t>(b, kW2OffsetAt, 1ull << 63);
-                   reseal(b);
-                 }),
-                 {"offsets"});
-  expect_refused(with([](auto& b) {
-                   put<uint64_t>(b, kExpertsAt, 4);
-                   reseal(b);
-                 }),
-                 {"does not match its buffers"});
-  expect_refused(with([](auto& b) {
-                   put<uint32_t>(b, kChecksumKindAt, 2);
-                   reseal(b);
-                 }),
-                 {"checksum kind"});
-  expect_refused(with([](auto& b) {
-                   put<uint32_t>(b, kMetaFlagsAt, 6);
-                   reseal(b);
-                 }),
-                 {"flags"});
-  expect_refused(with([](auto& b) {
-                   put<int32_t>(b, kActivationAt, 9);
-                   reseal(b);
-                 }),
-                 {"activation code 9"});
-  expect_refused(with([](auto& b) {
-                   put<int64_t>(b, kTopKAt, -1);
-                   reseal(b);
-                 }),
-                 {"top-k"});
+  expect_refused(with_field(kFormatVersionAt, uint32_t{77}), {"packed format version", "77"});
+  expect_refused(with_field(kLayoutAt, uint32_t{99}), {"layout", "99"});
+  expect_refused(with_field(kFileBytesAt, uint64_t{1ull << 62}), {"header says"});
+  expect_refused(with_field(kW2OffsetAt, uint64_t{1ull << 63}), {"offsets"});
+  expect_refused(with_field(kExpertsAt, uint64_t{4}), {"does not match its buffers"});
+  expect_refused(with_field(kChecksumKindAt, uint32_t{2}), {"checksum kind"});
+  expect_refused(with_field(kMetaFlagsAt, uint32_t{6}), {"flags"});
+  expect_refused(with_field(kActivationAt, int32_t{9}), {"activation code 9"});
+  expect_refused(with_field(kTopKAt, int64_t{-1}), {"top-k"});
   expect_refused(with([](auto& b) {
                    b[kReservedAt + 3] = 1;
                    reseal(b);

@@ -22,28 +22,14 @@
 
 namespace {
 
-using moe_test::Case;
-using moe_test::CaseSpec;
-using moe_test::DType;
-using moe_test::throws_error;
-using w4a8moe::MutableTensorView;
-using w4a8moe::TensorView;
+using namespace moe_test::suite_names;
 
 constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr int64_t kHuge = int64_t{1} << 40;
 
-CaseSpec spec_for(int group, uint64_t seed) {
-  CaseSpec s;
-  s.tokens = 24;
-  s.hidden = 256;
-  s.inter = 128;
-  s.experts = 6;
-  s.top_k = 2;
-  s.group_size = group;
-  s.bias = true;
-  s.seed = seed;
-  return s;
+CaseSpec spec_for(int group, uint64_t seed) {  // H 256, I 128, K 2
+  return {.tokens = 24, .experts = 6, .group_size = group, .bias = true, .seed = seed};
 }
 
 // The experts token t was routed to.
@@ -425,16 +411,9 @@ TEST(GuardPages, EveryBufferIsReadWithinItsBounds) {
   };
   for (const Shape& sh : shapes)
     for (const bool at_end : {true, false}) {
-      CaseSpec spec;
-      spec.tokens = sh.tokens;
-      spec.hidden = sh.hidden;
-      spec.inter = sh.inter;
-      spec.experts = sh.experts;
-      spec.top_k = sh.top_k;
-      spec.group_size = sh.group;
-      spec.nibbles = sh.nibbles;
+      CaseSpec spec{sh.tokens, sh.hidden, sh.inter, sh.experts, sh.top_k, sh.group, sh.x_dtype};
       spec.bias = sh.bias;
-      spec.x_dtype = sh.x_dtype;
+      spec.nibbles = sh.nibbles;
       spec.seed = 740;
       const Case c = moe_test::make_case(spec);
       SCOPED_TRACE(moe_test::describe(spec) + (at_end ? " at the end" : " at the start"));

@@ -44,16 +44,7 @@ struct Case {
 RoutingConfig config(int64_t E, int64_t K, Gating g, bool renorm, float scaling = 1.0f,
                      int64_t groups = 1, int64_t used = 1,
                      GroupScore score = GroupScore::top2_sum) {
-  RoutingConfig c;
-  c.experts = E;
-  c.top_k = K;
-  c.gating = g;
-  c.renormalize = renorm;
-  c.scaling = scaling;
-  c.groups = groups;
-  c.groups_used = used;
-  c.group_score = score;
-  return c;
+  return {E, K, g, renorm, scaling, groups, used, score};  // RoutingConfig's fields in order
 }
 
 std::vector<Case> cases() {

@@ -23,14 +23,8 @@ struct ThreadCase {
 };
 
 std::vector<ThreadCase> thread_cases() {
-  CaseSpec decode;
-  decode.tokens = 1;
-  decode.hidden = 512;
-  decode.inter = 256;
-  decode.experts = 8;
-  decode.top_k = 2;
-  decode.group_size = 128;
-  decode.seed = 71;
+  const CaseSpec decode{
+      .tokens = 1, .hidden = 512, .inter = 256, .experts = 8, .group_size = 128, .seed = 71};
 
   CaseSpec prefill = decode;
   prefill.tokens = 200;
@@ -65,6 +59,9 @@ std::vector<ThreadCase> thread_cases() {
 class Threads : public testing::TestWithParam<ThreadCase> {
  protected:
   const CaseSpec& spec() const { return GetParam().spec; }
+  // The case, and its weights packed for the active kernel set.
+  const Case case_ = moe_test::make_case(spec());
+  const moe_test::PackedPair packed_ = moe_test::pack(case_);
 };
 
 std::string thread_test_name(const testing::TestParamInfo<ThreadCase>& info) {
@@ -77,41 +74,31 @@ INSTANTIATE_TEST_SUITE_P(Cases, Threads, testing::ValuesIn(thread_cases()), thre
 
 TEST_P(Threads, SameBitsForAnyThreadCount) {
   SCOPED_TRACE(moe_test::describe(spec()));
-  const Case c = moe_test::make_case(spec());
-  const moe_test::PackedPair packed = moe_test::pack(c);
   w4a8moe::Context one(1);
-  const moe_test::Output expected = moe_test::run_forward(c, packed, one);
+  const moe_test::Output expected = moe_test::run_forward(case_, packed_, one);
   for (const int threads : {2, 3, 7}) {
     w4a8moe::Context context(threads);
     EXPECT_EQ(context.threads(), threads);
-    const moe_test::Output got = moe_test::run_forward(c, packed, context);
+    const moe_test::Output got = moe_test::run_forward(case_, packed_, context);
     EXPECT_TRUE(got.bytes == expected.bytes) << threads << " threads differ from 1 thread";
   }
 }
 
 TEST_P(Threads, RepeatedCallsGiveTheSameBitsWithoutScratchGrowth) {
   SCOPED_TRACE(moe_test::describe(spec()));
-  const Case c = moe_test::make_case(spec());
-  const moe_test::PackedPair packed = moe_test::pack(c);
   w4a8moe::Context context(2);
-  const moe_test::Output first = moe_test::run_forward(c, packed, context);
+  const moe_test::Output first = moe_test::run_forward(case_, packed_, context);
   const size_t scratch = context.scratch_bytes();
   for (int i = 0; i < 3; ++i) {
-    const moe_test::Output again = moe_test::run_forward(c, packed, context);
+    const moe_test::Output again = moe_test::run_forward(case_, packed_, context);
     EXPECT_TRUE(again.bytes == first.bytes) << "call " << i + 2 << " differs from the first";
     EXPECT_EQ(context.scratch_bytes(), scratch) << "call " << i + 2;
   }
 }
 
 TEST(ThreadsContext, SmallerCallsReuseTheScratch) {
-  CaseSpec big;
-  big.tokens = 64;
-  big.hidden = 512;
-  big.inter = 256;
-  big.experts = 8;
-  big.top_k = 2;
-  big.group_size = 64;
-  big.seed = 90;
+  const CaseSpec big{
+      .tokens = 64, .hidden = 512, .inter = 256, .experts = 8, .group_size = 64, .seed = 90};
   CaseSpec small = big;
   small.tokens = 3;
   const Case b = moe_test::make_case(big), s = moe_test::make_case(small);
@@ -131,14 +118,7 @@ TEST(ThreadsContext, SmallerCallsReuseTheScratch) {
 TEST(ThreadsContext, ContextsMayRunConcurrently) {
   // Each Context is single-threaded in use, but contexts on several threads must not interfere
   // (no hidden global state in the forward pass), whether owned or leased from a ContextPool.
-  CaseSpec spec;
-  spec.tokens = 40;
-  spec.hidden = 256;
-  spec.inter = 128;
-  spec.experts = 4;
-  spec.top_k = 2;
-  spec.group_size = 64;
-  spec.seed = 91;
+  const CaseSpec spec{.tokens = 40, .group_size = 64, .seed = 91};  // H 256, I 128, E 4, K 2
   const Case c = moe_test::make_case(spec);
   const moe_test::PackedPair packed = moe_test::pack(c);
   w4a8moe::Context reference_context(1);

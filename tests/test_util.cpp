@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
+#include <iterator>
 #include <numeric>
 #include <sstream>
 
@@ -55,19 +57,10 @@ int64_t Rng::integer(int64_t lo, int64_t hi) {
 namespace {
 
 const char* routing_name(Routing r) {
-  switch (r) {
-    case Routing::random:
-      return "random";
-    case Routing::repeated:
-      return "repeated";
-    case Routing::skewed:
-      return "skewed";
-    case Routing::sparse:
-      return "sparse";
-    case Routing::all_experts:
-      return "all_experts";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"random", "repeated", "skewed", "sparse",
+                                           "all_experts"};  // by Routing code
+  const auto code = static_cast<size_t>(r);
+  return code < std::size(kNames) ? kNames[code] : "?";
 }
 
 }  // namespace
@@ -251,13 +244,9 @@ Case make_case(const CaseSpec& spec) {
     c.w2_nibbles = to_nibbles(c.w2);
   }
 
+  const int group = static_cast<int>(g);
+  c.problem = {.tokens = T, .hidden = H, .inter = I, .experts = E, .top_k = K, .group_size = group};
   moe_ref::Problem& p = c.problem;
-  p.tokens = T;
-  p.hidden = H;
-  p.inter = I;
-  p.experts = E;
-  p.top_k = K;
-  p.group_size = static_cast<int>(g);
   p.x.resize(static_cast<size_t>(T * H));
   for (int64_t t = 0; t < T; ++t)
     for (int64_t j = 0; j < H; ++j) p.x[t * H + j] = c.x.values[t * c.x_stride + j];
@@ -324,26 +313,30 @@ TensorView Case::w2_bias_view() const {
   return TensorView::of(w2_bias.bytes.data(), w2_bias.dtype, {spec.experts, spec.hidden});
 }
 
+namespace {
+
+w4a8moe::GateUpLayout gate_up_layout(const CaseSpec& s) {
+  return s.interleaved ? w4a8moe::GateUpLayout::interleaved : w4a8moe::GateUpLayout::halves;
+}
+
+}  // namespace
+
 w4a8moe::PackOptions Case::pack_options() const {
   w4a8moe::PackOptions o;
   o.group_size = spec.group_size;
-  o.gate_up_layout =
-      spec.interleaved ? w4a8moe::GateUpLayout::interleaved : w4a8moe::GateUpLayout::halves;
+  o.gate_up_layout = gate_up_layout(spec);
   return o;
 }
 
 w4a8moe::LogicalWeights Case::logical() const {
-  w4a8moe::LogicalWeights w;
-  w.w13 = w13_view();
-  w.w13_scale = w13_scale_view();
-  w.w13_bias = w13_bias_view();
-  w.w2 = w2_view();
-  w.w2_scale = w2_scale_view();
-  w.w2_bias = w2_bias_view();
-  w.group_size = spec.group_size;
-  w.gate_up_layout =
-      spec.interleaved ? w4a8moe::GateUpLayout::interleaved : w4a8moe::GateUpLayout::halves;
-  return w;
+  return {.w13 = w13_view(),
+          .w13_scale = w13_scale_view(),
+          .w13_bias = w13_bias_view(),
+          .w2 = w2_view(),
+          .w2_scale = w2_scale_view(),
+          .w2_bias = w2_bias_view(),
+          .group_size = spec.group_size,
+          .gate_up_layout = gate_up_layout(spec)};
 }
 
 w4a8moe::MoeParams Case::params() const {

@@ -178,4 +178,14 @@ testing::AssertionResult matches_float(const std::vector<float>& got,
 testing::AssertionResult throws_error(const std::function<void()>& f,
                                       std::initializer_list<std::string_view> fragments);
 
+// The names the input-checking suites use unqualified: `using namespace moe_test::suite_names;`.
+namespace suite_names {
+using moe_test::Case;
+using moe_test::CaseSpec;
+using moe_test::DType;
+using moe_test::throws_error;
+using w4a8moe::MutableTensorView;
+using w4a8moe::TensorView;
+}  // namespace suite_names
+
 }  // namespace moe_test

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "reference/reference.hpp"
@@ -15,23 +16,10 @@
 
 namespace {
 
-using moe_test::Case;
-using moe_test::CaseSpec;
-using moe_test::DType;
-using moe_test::throws_error;
-using w4a8moe::MutableTensorView;
-using w4a8moe::TensorView;
+using namespace moe_test::suite_names;
 
-CaseSpec small_spec() {
-  CaseSpec s;
-  s.tokens = 6;
-  s.hidden = 256;
-  s.inter = 128;
-  s.experts = 4;
-  s.top_k = 2;
-  s.group_size = 64;
-  s.seed = 31;
-  return s;
+CaseSpec small_spec() {  // H 256, I 128, E 4, K 2
+  return {.tokens = 6, .group_size = 64, .seed = 31};
 }
 
 // A case, its packed weights and a context; `call` runs forward() with the given views, each
@@ -147,19 +135,19 @@ TEST_F(ForwardInput, OutShapeAndDtype) {
 }
 
 TEST_F(ForwardInput, NullDataPointers) {
-  Views v = views();
-  v.x.data = nullptr;
-  expect_both_reject(v, {"x", "null"});
-  v = views();
-  v.ids.data = nullptr;
-  expect_both_reject(v, {"topk_ids", "null"});
-  v = views();
-  v.weights.data = nullptr;
-  expect_both_reject(v, {"topk_weights", "null"});
-  v = views();
-  v.out.data = nullptr;
-  expect_both_reject(v, {"out", "null"});
-  v = views();
+  // Each view's data pointer in turn, by its name in the message.
+  const std::pair<const char*, void (*)(Views&)> nulls[] = {
+      {"x", [](Views& v) { v.x.data = nullptr; }},
+      {"topk_ids", [](Views& v) { v.ids.data = nullptr; }},
+      {"topk_weights", [](Views& v) { v.weights.data = nullptr; }},
+      {"out", [](Views& v) { v.out.data = nullptr; }},
+  };
+  for (const auto& [name, make_null] : nulls) {
+    Views v = views();
+    make_null(v);
+    expect_both_reject(v, {name, "null"});
+  }
+  const Views v = views();
   EXPECT_TRUE(throws_error(
       [&] {
         w4a8moe::forward(context_, v.x, v.ids, v.weights, {}, packed_.w2.bytes(), v.params, v.out);

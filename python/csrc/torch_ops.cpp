@@ -15,7 +15,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/from_blob.h>
 #include <c10/util/Optional.h>
 #include <torch/library.h>
 #include <torch/version.h>
@@ -34,6 +33,7 @@
 
 // Only the public API: the meta kernel of the packing op asks the library for the packed size
 // (w4a8moe::packed_size, the packer's own geometry), so the two can never disagree.
+#include "torch_util.hpp"
 #include "w4a8moe/w4a8moe.hpp"
 
 namespace w4a8moe_torch {
@@ -42,78 +42,12 @@ namespace {
 using at::Tensor;
 using w4a8moe::DType;
 
-// Runs f; a w4a8moe::Error becomes a torch error with the library's message.
-template <class F>
-auto translate_errors(F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const w4a8moe::Error& e) {
-    TORCH_CHECK(false, e.what());
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Tensors <-> library views
-
-DType to_dtype(at::ScalarType t, const char* name) {
-  switch (t) {
-    case at::kFloat:
-      return DType::f32;
-    case at::kBFloat16:
-      return DType::bf16;
-    case at::kHalf:
-      return DType::f16;
-    case at::kChar:
-      return DType::i8;
-    case at::kByte:
-      return DType::u8;
-    case at::kInt:
-      return DType::i32;
-    case at::kLong:
-      return DType::i64;
-    default:
-      TORCH_CHECK(false, name, ": dtype ", t, " is not supported");
-  }
-}
-
-void require_cpu(const Tensor& t, const char* name) {
-  TORCH_CHECK(t.device().is_cpu(), name, ": expected a CPU tensor, got one on ", t.device());
-}
-
-// A view of a contiguous CPU tensor of rank 1 to 3 (the caller keeps `t` alive).
-w4a8moe::TensorView view_of(const Tensor& t, const char* name) {
-  require_cpu(t, name);
-  TORCH_CHECK(t.dim() >= 1 && t.dim() <= 3, name, ": expected rank 1 to 3, got shape ", t.sizes());
-  TORCH_CHECK(t.is_contiguous(), name, ": expected a contiguous tensor");
-  w4a8moe::TensorView v;
-  v.data = t.data_ptr();
-  v.dtype = to_dtype(t.scalar_type(), name);
-  v.rank = static_cast<int>(t.dim());
-  for (int i = 0; i < v.rank; ++i) v.shape[static_cast<size_t>(i)] = t.size(i);
-  return v;
-}
-
-// A rank-2 view whose rows may be strided (x); copies only when the last dimension is strided.
-w4a8moe::TensorView rows_view_of(Tensor& t, const char* name) {
-  require_cpu(t, name);
-  TORCH_CHECK(t.dim() == 2, name, ": expected rank 2, got shape ", t.sizes());
-  if (t.stride(1) != 1 || (t.size(0) > 1 && t.stride(0) < t.size(1))) t = t.contiguous();
-  w4a8moe::TensorView v;
-  v.data = t.data_ptr();
-  v.dtype = to_dtype(t.scalar_type(), name);
-  v.rank = 2;
-  v.shape = {t.size(0), t.size(1), 0};
-  v.row_stride = t.size(0) > 1 ? t.stride(0) : 0;
-  return v;
-}
-
-std::span<const uint8_t> packed_bytes(const Tensor& t, const char* name) {
-  require_cpu(t, name);
-  TORCH_CHECK(t.scalar_type() == at::kByte, name,
-              ": expected a uint8 tensor of packed weights, got dtype ", t.scalar_type());
-  TORCH_CHECK(t.is_contiguous(), name, ": expected a contiguous tensor of packed weights");
-  return {static_cast<const uint8_t*>(t.data_ptr()), static_cast<size_t>(t.nbytes())};
-}
+using util::bytes_of;
+using util::moe_params;
+using util::to_dtype;
+using util::to_tensor;
+using util::translate_errors;
+using util::view_of;
 
 // ---------------------------------------------------------------------------------------------
 // Threads: the library's per-process w4a8moe::ContextPool, so that concurrent calls from several
@@ -246,14 +180,27 @@ std::array<int64_t, 2> infer_output(const Tensor& x, const Tensor& topk_ids,
   });
 }
 
+// The original op's schema (dynamic_4bit_int_moe): the _ex op with the default alpha and limit.
+template <Tensor (*Ex)(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                       int64_t, int64_t, int64_t, bool, int64_t, double, double)>
+Tensor with_default_alpha_limit(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
+                                const Tensor& w13_packed, const Tensor& w2_packed,
+                                int64_t hidden_size, int64_t intermediate_size, int64_t group_size,
+                                bool apply_router_weight_on_input, int64_t activation_kind) {
+  const w4a8moe::MoeParams defaults;
+  return Ex(x, topk_ids, topk_weights, w13_packed, w2_packed, hidden_size, intermediate_size,
+            group_size, apply_router_weight_on_input, activation_kind,
+            static_cast<double>(defaults.alpha), static_cast<double>(defaults.limit));
+}
+
 Tensor moe_ex_cpu(const Tensor& x_in, const Tensor& topk_ids_in, const Tensor& topk_weights_in,
                   const Tensor& w13_packed, const Tensor& w2_packed, int64_t hidden_size,
                   int64_t intermediate_size, int64_t group_size, bool apply_router_weight_on_input,
                   int64_t activation_kind, double alpha, double limit) {
   const Sizes sizes{hidden_size, intermediate_size, group_size};
   return translate_errors([&] {
-    const auto w13 = packed_bytes(w13_packed, "w13_packed");
-    const auto w2 = packed_bytes(w2_packed, "w2_packed");
+    const auto w13 = bytes_of(w13_packed, "w13_packed");
+    const auto w2 = bytes_of(w2_packed, "w2_packed");
     // w2's header first: a call with both headers damaged names w2_packed.
     HeaderCache& headers = HeaderCache::instance();
     const HeaderFacts w2_facts = headers.facts(w2, "w2_packed");
@@ -263,36 +210,19 @@ Tensor moe_ex_cpu(const Tensor& x_in, const Tensor& topk_ids_in, const Tensor& t
     if (shape[0] == 0) return out;
 
     Tensor x = x_in;
-    const Tensor topk_ids = topk_ids_in.contiguous();
-    const Tensor topk_weights = topk_weights_in.contiguous();
-    w4a8moe::MoeParams params;
-    params.activation = w4a8moe::activation_from_code(activation_kind);
-    params.alpha = static_cast<float>(alpha);
-    params.limit = static_cast<float>(limit);
-    params.apply_router_weight_on_input = apply_router_weight_on_input;
-    const w4a8moe::TensorView xv = rows_view_of(x, "x");
+    Tensor topk_ids = topk_ids_in.contiguous();
+    Tensor topk_weights = topk_weights_in.contiguous();
+    const w4a8moe::MoeParams params =
+        moe_params(apply_router_weight_on_input, activation_kind, alpha, limit);
+    const w4a8moe::TensorView xv = view_of(x, "x", /*rows_strided=*/true);
     const w4a8moe::TensorView ids = view_of(topk_ids, "topk_ids");
     const w4a8moe::TensorView weights = view_of(topk_weights, "topk_weights");
-    w4a8moe::MutableTensorView ov;
-    ov.data = out.data_ptr();
-    ov.dtype = xv.dtype;
-    ov.rank = 2;
-    ov.shape = {shape[0], shape[1], 0};
+    const auto ov = w4a8moe::MutableTensorView::of(out.data_ptr(), xv.dtype, {shape[0], shape[1]});
 
     auto lease = w4a8moe::ContextPool::instance().lease(wanted_threads());
     w4a8moe::forward(lease.context(), xv, ids, weights, w13, w2, params, ov);
     return out;
   });
-}
-
-Tensor moe_cpu(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
-               const Tensor& w13_packed, const Tensor& w2_packed, int64_t hidden_size,
-               int64_t intermediate_size, int64_t group_size, bool apply_router_weight_on_input,
-               int64_t activation_kind) {
-  const w4a8moe::MoeParams defaults;
-  return moe_ex_cpu(x, topk_ids, topk_weights, w13_packed, w2_packed, hidden_size,
-                    intermediate_size, group_size, apply_router_weight_on_input, activation_kind,
-                    static_cast<double>(defaults.alpha), static_cast<double>(defaults.limit));
 }
 
 #if TORCH_VERSION_MAJOR < 2  // torch 2: w4a8moe/_fake.py
@@ -311,24 +241,10 @@ Tensor moe_ex_meta(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_w
       infer_output(x, topk_ids, topk_weights, Sizes{hidden_size, intermediate_size, group_size},
                    activation_kind);
   translate_errors([&] {
-    w4a8moe::MoeParams params;
-    params.activation = w4a8moe::activation_from_code(activation_kind);
-    params.alpha = static_cast<float>(alpha);
-    params.limit = static_cast<float>(limit);
-    params.apply_router_weight_on_input = apply_router_weight_on_input;
-    w4a8moe::check_moe_params(params);
+    w4a8moe::check_moe_params(
+        moe_params(apply_router_weight_on_input, activation_kind, alpha, limit));
   });
   return at::empty({shape[0], shape[1]}, x.options());
-}
-
-Tensor moe_meta(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
-                const Tensor& w13_packed, const Tensor& w2_packed, int64_t hidden_size,
-                int64_t intermediate_size, int64_t group_size, bool apply_router_weight_on_input,
-                int64_t activation_kind) {
-  const w4a8moe::MoeParams defaults;
-  return moe_ex_meta(x, topk_ids, topk_weights, w13_packed, w2_packed, hidden_size,
-                     intermediate_size, group_size, apply_router_weight_on_input, activation_kind,
-                     static_cast<double>(defaults.alpha), static_cast<double>(defaults.limit));
 }
 
 #endif
@@ -384,14 +300,6 @@ LogicalShape check_weight_shapes(const Tensor& w13, const Tensor& w2) {
   return s;
 }
 
-Tensor to_tensor(w4a8moe::PackedWeights packed) {
-  auto* holder = new w4a8moe::PackedWeights(std::move(packed));
-  const auto bytes = static_cast<int64_t>(holder->size());
-  return at::from_blob(
-      holder->data(), {bytes}, [holder](void*) { delete holder; },
-      at::TensorOptions().dtype(at::kByte));
-}
-
 std::tuple<Tensor, Tensor> pack_ex_cpu(const Tensor& w13_weight, const Tensor& w2_weight,
                                        const Tensor& w13_weight_scale,
                                        const Tensor& w2_weight_scale, int64_t group_size,
@@ -426,14 +334,6 @@ std::tuple<Tensor, Tensor> pack_ex_cpu(const Tensor& w13_weight, const Tensor& w
   });
 }
 
-std::tuple<Tensor, Tensor> pack_cpu(const Tensor& w13_weight, const Tensor& w2_weight,
-                                    const Tensor& w13_weight_scale, const Tensor& w2_weight_scale,
-                                    int64_t group_size, const c10::optional<Tensor>& w13_bias,
-                                    const c10::optional<Tensor>& w2_bias) {
-  return pack_ex_cpu(w13_weight, w2_weight, w13_weight_scale, w2_weight_scale, group_size, w13_bias,
-                     w2_bias, "halves", "as_given", "");
-}
-
 // The packed sizes from shapes and dtypes alone.
 std::tuple<Tensor, Tensor> pack_ex_meta(const Tensor& w13_weight, const Tensor& w2_weight,
                                         const Tensor& w13_weight_scale,
@@ -462,12 +362,18 @@ std::tuple<Tensor, Tensor> pack_ex_meta(const Tensor& w13_weight, const Tensor& 
   });
 }
 
-std::tuple<Tensor, Tensor> pack_meta(const Tensor& w13_weight, const Tensor& w2_weight,
-                                     const Tensor& w13_weight_scale, const Tensor& w2_weight_scale,
-                                     int64_t group_size, const c10::optional<Tensor>& w13_bias,
-                                     const c10::optional<Tensor>& w2_bias) {
-  return pack_ex_meta(w13_weight, w2_weight, w13_weight_scale, w2_weight_scale, group_size,
-                      w13_bias, w2_bias, "halves", "as_given", "");
+// The original op's schema (convert_to_w4a8_int8_moe_format): the _ex op with halves, the scales
+// as given and the kernel set forward() picks.
+template <std::tuple<Tensor, Tensor> (*Ex)(const Tensor&, const Tensor&, const Tensor&,
+                                           const Tensor&, int64_t, const c10::optional<Tensor>&,
+                                           const c10::optional<Tensor>&, std::string, std::string,
+                                           std::string)>
+std::tuple<Tensor, Tensor> with_default_pack_options(
+    const Tensor& w13_weight, const Tensor& w2_weight, const Tensor& w13_weight_scale,
+    const Tensor& w2_weight_scale, int64_t group_size, const c10::optional<Tensor>& w13_bias,
+    const c10::optional<Tensor>& w2_bias) {
+  return Ex(w13_weight, w2_weight, w13_weight_scale, w2_weight_scale, group_size, w13_bias, w2_bias,
+            "halves", "as_given", "");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -478,7 +384,7 @@ using InfoTuple = std::tuple<int64_t, std::string, std::string, int64_t, int64_t
 
 InfoTuple packed_info_cpu(const Tensor& packed) {
   return translate_errors([&] {
-    const auto i = w4a8moe::inspect_packed(packed_bytes(packed, "packed"), "packed");
+    const auto i = w4a8moe::inspect_packed(bytes_of(packed, "packed"), "packed");
     return InfoTuple{i.version,
                      i.layout,
                      i.role == w4a8moe::WeightRole::w13 ? "w13" : "w2",
@@ -503,27 +409,12 @@ std::tuple<bool, std::string> is_supported_config(at::ScalarType dtype, int64_t 
                                                   int64_t intermediate_size, int64_t num_experts,
                                                   int64_t top_k, int64_t group_size,
                                                   int64_t activation_kind) {
-  w4a8moe::MoeConfig c;
-  switch (dtype) {
-    case at::kFloat:
-      c.x_dtype = DType::f32;
-      break;
-    case at::kBFloat16:
-      c.x_dtype = DType::bf16;
-      break;
-    case at::kHalf:
-      c.x_dtype = DType::f16;
-      break;
-    default:
-      return {false, std::string("x dtype ") + c10::toString(dtype) +
-                         " is not supported; use float32, bfloat16 or float16 activations"};
-  }
-  c.hidden = hidden_size;
-  c.inter = intermediate_size;
-  c.experts = num_experts;
-  c.top_k = top_k;
-  c.group_size = group_size;
-  c.activation = activation_kind;
+  if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf)
+    return {false, std::string("x dtype ") + c10::toString(dtype) +
+                       " is not supported; use float32, bfloat16 or float16 activations"};
+  const w4a8moe::MoeConfig c{
+      to_dtype(dtype, "dtype"), hidden_size, intermediate_size, num_experts, top_k, group_size,
+      activation_kind};
   const w4a8moe::Support s = w4a8moe::is_supported_config(c);
   return {s.supported, s.reason};
 }
@@ -547,6 +438,20 @@ void set_isa_cap(std::string name) {
 }
 
 std::string cpu_features() { return w4a8moe::cpu_features().summary(); }
+
+// The kernels of one dispatch key (CPU, Meta): each _ex op, and the original schema on top of it.
+template <auto MoeEx>
+void impl_forward_ops(torch::Library& m) {
+  m.impl("dynamic_4bit_int_moe", &with_default_alpha_limit<MoeEx>);
+  m.impl("dynamic_4bit_int_moe_ex", MoeEx);
+}
+
+template <auto PackEx, auto Info>
+void impl_packing_ops(torch::Library& m) {
+  m.impl("convert_to_w4a8_int8_moe_format", &with_default_pack_options<PackEx>);
+  m.impl("convert_to_w4a8_int8_moe_format_ex", PackEx);
+  m.impl("packed_info", Info);
+}
 
 }  // namespace
 }  // namespace w4a8moe_torch
@@ -590,11 +495,8 @@ TORCH_LIBRARY(w4a8moe, m) {
 }
 
 TORCH_LIBRARY_IMPL(w4a8moe, CPU, m) {
-  m.impl("dynamic_4bit_int_moe", &w4a8moe_torch::moe_cpu);
-  m.impl("dynamic_4bit_int_moe_ex", &w4a8moe_torch::moe_ex_cpu);
-  m.impl("convert_to_w4a8_int8_moe_format", &w4a8moe_torch::pack_cpu);
-  m.impl("convert_to_w4a8_int8_moe_format_ex", &w4a8moe_torch::pack_ex_cpu);
-  m.impl("packed_info", &w4a8moe_torch::packed_info_cpu);
+  w4a8moe_torch::impl_forward_ops<&w4a8moe_torch::moe_ex_cpu>(m);
+  w4a8moe_torch::impl_packing_ops<&w4a8moe_torch::pack_ex_cpu, &w4a8moe_torch::packed_info_cpu>(m);
 }
 
 // The forward ops' shape functions: here for torch 1.x; torch 2 gets them from Python
@@ -603,15 +505,13 @@ TORCH_LIBRARY_IMPL(w4a8moe, CPU, m) {
 // would specialise a compiled graph to one batch size.
 #if TORCH_VERSION_MAJOR < 2
 TORCH_LIBRARY_IMPL(w4a8moe, Meta, m) {
-  m.impl("dynamic_4bit_int_moe", &w4a8moe_torch::moe_meta);
-  m.impl("dynamic_4bit_int_moe_ex", &w4a8moe_torch::moe_ex_meta);
+  w4a8moe_torch::impl_forward_ops<&w4a8moe_torch::moe_ex_meta>(m);
 }
 #endif
 
 TORCH_LIBRARY_IMPL(w4a8moe, Meta, m) {
-  m.impl("convert_to_w4a8_int8_moe_format", &w4a8moe_torch::pack_meta);
-  m.impl("convert_to_w4a8_int8_moe_format_ex", &w4a8moe_torch::pack_ex_meta);
-  m.impl("packed_info", &w4a8moe_torch::packed_info_meta);
+  w4a8moe_torch::impl_packing_ops<&w4a8moe_torch::pack_ex_meta, &w4a8moe_torch::packed_info_meta>(
+      m);
 }
 
 // The ops have no derivative. Torch 1.13 has no fallthrough for AutogradMeta (it has one for

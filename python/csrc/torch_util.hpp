@@ -1,6 +1,5 @@
-// What the torch ops of the expert-parallel source (torch_ep_ops.cpp) need to turn tensors into
-// library views and library errors into torch errors: the same rules and sentences as the ops
-// of torch_ops.cpp.
+// What the two sources of torch ops (torch_ops.cpp, torch_ep_ops.cpp) share to turn tensors into
+// library views and library errors into torch errors, with the same rules and sentences.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -28,25 +27,17 @@ auto translate_errors(F&& f) -> decltype(f()) {
   }
 }
 
+// The torch dtypes the library takes, and its names for them.
+inline constexpr std::pair<at::ScalarType, w4a8moe::DType> kDTypes[] = {
+    {at::kFloat, w4a8moe::DType::f32}, {at::kBFloat16, w4a8moe::DType::bf16},
+    {at::kHalf, w4a8moe::DType::f16},  {at::kChar, w4a8moe::DType::i8},
+    {at::kByte, w4a8moe::DType::u8},   {at::kInt, w4a8moe::DType::i32},
+    {at::kLong, w4a8moe::DType::i64}};
+
 inline w4a8moe::DType to_dtype(at::ScalarType t, const char* name) {
-  switch (t) {
-    case at::kFloat:
-      return w4a8moe::DType::f32;
-    case at::kBFloat16:
-      return w4a8moe::DType::bf16;
-    case at::kHalf:
-      return w4a8moe::DType::f16;
-    case at::kChar:
-      return w4a8moe::DType::i8;
-    case at::kByte:
-      return w4a8moe::DType::u8;
-    case at::kInt:
-      return w4a8moe::DType::i32;
-    case at::kLong:
-      return w4a8moe::DType::i64;
-    default:
-      TORCH_CHECK(false, name, ": dtype ", t, " is not supported");
-  }
+  for (const auto& [torch_dtype, dtype] : kDTypes)
+    if (t == torch_dtype) return dtype;
+  TORCH_CHECK(false, name, ": dtype ", t, " is not supported");
 }
 
 inline void require_cpu(const Tensor& t, const char* name) {

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <iterator>
 #include <limits>
 #include <numeric>
 #include <vector>
@@ -59,15 +61,9 @@ struct Better {
 }  // namespace
 
 const char* gating_name(Gating gating) noexcept {
-  switch (gating) {
-    case Gating::softmax:
-      return "softmax";
-    case Gating::sigmoid:
-      return "sigmoid";
-    case Gating::softmax_topk:
-      return "softmax_topk";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"softmax", "sigmoid", "softmax_topk"};  // by code
+  const auto code = static_cast<size_t>(gating);
+  return code < std::size(kNames) ? kNames[code] : "?";
 }
 
 void check_routing_config(const RoutingConfig& c) {

@@ -1,5 +1,7 @@
 // Names and sizes of the public enums, tensor views and the packed-buffer holder.
+#include <cstddef>
 #include <cstdlib>
+#include <iterator>
 #include <new>
 
 #include "common/format.hpp"
@@ -9,57 +11,31 @@
 
 namespace w4a8moe {
 
+namespace {
+
+// names[code] for an enum whose codes run from 0; `unknown` for any other value.
+template <class Enum, size_t N>
+const char* name_by_code(Enum value, const char* const (&names)[N], const char* unknown) noexcept {
+  const auto code = static_cast<size_t>(value);
+  return code < N ? names[code] : unknown;
+}
+
+}  // namespace
+
 const char* dtype_name(DType dtype) noexcept {
-  switch (dtype) {
-    case DType::f32:
-      return "f32";
-    case DType::bf16:
-      return "bf16";
-    case DType::f16:
-      return "f16";
-    case DType::i8:
-      return "i8";
-    case DType::u8:
-      return "u8";
-    case DType::i32:
-      return "i32";
-    case DType::i64:
-      return "i64";
-  }
-  return "unknown";
+  static constexpr const char* kNames[] = {"f32", "bf16", "f16", "i8", "u8", "i32", "i64"};
+  return name_by_code(dtype, kNames, "unknown");
 }
 
 size_t dtype_bytes(DType dtype) noexcept {
-  switch (dtype) {
-    case DType::f32:
-    case DType::i32:
-      return 4;
-    case DType::bf16:
-    case DType::f16:
-      return 2;
-    case DType::i8:
-    case DType::u8:
-      return 1;
-    case DType::i64:
-      return 8;
-  }
-  return 0;
+  static constexpr size_t kBytes[] = {4, 2, 2, 1, 1, 4, 8};  // by DType code, as above
+  const auto code = static_cast<size_t>(dtype);
+  return code < std::size(kBytes) ? kBytes[code] : 0;
 }
 
 const char* activation_name(Activation kind) noexcept {
-  switch (kind) {
-    case Activation::swiglustep:
-      return "swiglustep";
-    case Activation::swigluoai:
-      return "swigluoai";
-    case Activation::silu:
-      return "silu";
-    case Activation::gelu:
-      return "gelu";
-    case Activation::gelu_tanh:
-      return "gelu_tanh";
-  }
-  return "unknown";
+  static constexpr const char* kNames[] = {"swiglustep", "swigluoai", "silu", "gelu", "gelu_tanh"};
+  return name_by_code(kind, kNames, "unknown");
 }
 
 Activation parse_activation(std::string_view name) {
@@ -81,18 +57,29 @@ Activation activation_from_code(int64_t code) {
   return static_cast<Activation>(code);
 }
 
-TensorView TensorView::of(const void* data, DType dtype, std::initializer_list<int64_t> shape,
-                          int64_t row_stride) {
-  TensorView v;
+namespace {
+
+// TensorView::of and MutableTensorView::of: `what` names the view in the error.
+template <class View, class Data>
+View make_view(Data data, DType dtype, std::initializer_list<int64_t> shape, int64_t row_stride,
+               const char* what) {
+  View v;
   v.data = data;
   v.dtype = dtype;
   if (shape.size() > 3)
-    throw Error(detail::cat("TensorView: expected rank 1 to 3, got rank ", shape.size()));
+    throw Error(detail::cat(what, ": expected rank 1 to 3, got rank ", shape.size()));
   v.rank = static_cast<int>(shape.size());
   int i = 0;
   for (int64_t d : shape) v.shape[static_cast<size_t>(i++)] = d;
   v.row_stride = row_stride;
   return v;
+}
+
+}  // namespace
+
+TensorView TensorView::of(const void* data, DType dtype, std::initializer_list<int64_t> shape,
+                          int64_t row_stride) {
+  return make_view<TensorView>(data, dtype, shape, row_stride, "TensorView");
 }
 
 int64_t TensorView::numel() const noexcept {
@@ -103,16 +90,7 @@ int64_t TensorView::numel() const noexcept {
 
 MutableTensorView MutableTensorView::of(void* data, DType dtype,
                                         std::initializer_list<int64_t> shape, int64_t row_stride) {
-  MutableTensorView v;
-  v.data = data;
-  v.dtype = dtype;
-  if (shape.size() > 3)
-    throw Error(detail::cat("MutableTensorView: expected rank 1 to 3, got rank ", shape.size()));
-  v.rank = static_cast<int>(shape.size());
-  int i = 0;
-  for (int64_t d : shape) v.shape[static_cast<size_t>(i++)] = d;
-  v.row_stride = row_stride;
-  return v;
+  return make_view<MutableTensorView>(data, dtype, shape, row_stride, "MutableTensorView");
 }
 
 void PackedWeights::Free::operator()(uint8_t* p) const noexcept { std::free(p); }
@@ -134,19 +112,18 @@ PackedInfo PackedWeights::info() const { return inspect_packed(bytes()); }
 
 PackedInfo inspect_packed(std::span<const uint8_t> packed, std::string_view argument) {
   const detail::Geometry g = detail::read_geometry(packed, argument);
-  PackedInfo info;
-  info.version = kPackedFormatVersion;
-  info.layout = detail::layout_name(g.layout);
-  info.role = g.role;
-  info.experts = g.experts;
-  info.rows = g.rows;
-  info.cols = g.cols;
-  info.group_size = g.group_size;
-  info.scale_dtype = g.scale_dtype;
-  info.has_bias = g.has_bias;
-  info.expert_bytes = g.expert_bytes;
-  info.total_bytes = g.total_bytes;
-  return info;
+  // PackedInfo's fields in order, each the geometry's of the same name.
+  return {kPackedFormatVersion,
+          detail::layout_name(g.layout),
+          g.role,
+          g.experts,
+          g.rows,
+          g.cols,
+          g.group_size,
+          g.scale_dtype,
+          g.has_bias,
+          g.expert_bytes,
+          g.total_bytes};
 }
 
 }  // namespace w4a8moe

@@ -49,19 +49,20 @@ struct Problem {
   int64_t tokens = 0, hidden = 0, inter = 0, experts = 0, top_k = 0;
   int group_size = -1;  // -1: one scale per output row
 
-  std::vector<float> x;             // [T, H]
-  std::vector<int64_t> ids;         // [T, K], each in [0, E)
-  std::vector<float> topk_weights;  // [T, K]
+  // The tensors start empty ({}: a designated initializer may leave them out).
+  std::vector<float> x{};             // [T, H]
+  std::vector<int64_t> ids{};         // [T, K], each in [0, E)
+  std::vector<float> topk_weights{};  // [T, K]
 
   // int4 values in [-8, 7]. w13 rows are stored as given: halves (rows [0, I) gate, [I, 2I) up)
   // or interleaved (row 2j gate j, row 2j + 1 up j); scales and biases follow the same rows.
   bool interleaved = false;
-  std::vector<int8_t> w13;       // [E, 2I, H]
-  std::vector<float> w13_scale;  // [E, 2I, H/g] or [E, 2I]
-  std::vector<float> w13_bias;   // empty or [E, 2I]
-  std::vector<int8_t> w2;        // [E, H, I]
-  std::vector<float> w2_scale;   // [E, H, I/g] or [E, H]
-  std::vector<float> w2_bias;    // empty or [E, H]
+  std::vector<int8_t> w13{};       // [E, 2I, H]
+  std::vector<float> w13_scale{};  // [E, 2I, H/g] or [E, 2I]
+  std::vector<float> w13_bias{};   // empty or [E, 2I]
+  std::vector<int8_t> w2{};        // [E, H, I]
+  std::vector<float> w2_scale{};   // [E, H, I/g] or [E, H]
+  std::vector<float> w2_bias{};    // empty or [E, H]
 
   int activation = static_cast<int>(Act::silu);
   float alpha = 1.702f;
