@@ -161,24 +161,11 @@ void forward_local(Context& context, const TensorView& x, const TensorView& topk
   using namespace detail;
   if (shard.global_experts() == 0)
     throw Error("shard: expected a shard of the layer's experts, got an empty one");
-  const Geometry w13 = read_geometry(w13_packed, "w13_packed");
-  const Geometry w2 = read_geometry(w2_packed, "w2_packed");
   ForwardRules rules;
   rules.id_experts = shard.global_experts();
   rules.f32_out = true;
-  ForwardJob job;
-  job.s = check_forward(x, topk_ids, topk_weights, w13, w2, params, out, rules);
-  if (job.s.experts != shard.local_experts())
-    throw Error(cat("w13_packed: expected the shard's ", shard.local_experts(),
-                    " local experts, got ", job.s.experts));
-  set_weights(job, w13, w2, w13_packed, w2_packed);
-  job.x = &x;
-  job.ids = &topk_ids;
-  job.weights = &topk_weights;
-  job.out = &out;
-  job.params = &params;
-  job.local_of = shard.map().data();
-  run_forward(context, job);
+  forward_tokens(context, x, topk_ids, topk_weights, w13_packed, w2_packed, params, out, rules,
+                 shard.map().data(), shard.local_experts());
 }
 
 void write_output(std::span<const float> sums, const MutableTensorView& out) {
@@ -326,20 +313,7 @@ void Dispatch::pack(Context& context, const TensorView& x, const TensorView& top
     auto* q = reinterpret_cast<uint8_t*>(row + row_floats);
     QuantRow qr;
     auto quantize = [&](int64_t t, float w) {
-      const int64_t base = t * x.stride();
-      if (x.dtype == DType::f32 && !on_input)
-        std::memcpy(row, static_cast<const uint8_t*>(x.data) + base * 4,
-                    static_cast<size_t>(H) * 4);
-      else
-        for (int64_t h = 0; h < H; ++h) row[h] = load_float(x.data, x.dtype, base + h) * w;
-      QuantizeArgs a;
-      a.src = row;
-      a.cols = H;
-      a.cols_padded = padded;
-      a.group_len = padded;
-      a.dst = q;
-      a.row = &qr;
-      set.quantize(a);
+      quantize_input_row(set, x, t, on_input, w, row, padded, padded, q, &qr);
     };
     for (int64_t t = tid; t < T; t += pool.size()) {
       const int64_t r0 = token_records_begin_[static_cast<size_t>(t)];

@@ -287,7 +287,7 @@ class Worker {
   void quantize_inputs(int tid, int64_t t0, int64_t tokens, std::atomic<int64_t>& next) {
     if (tid == 0) sort_pairs(t0, tokens);
     const bool on_input = p_.params->apply_router_weight_on_input;
-    const int64_t K = p_.s.top_k, H = p_.s.hidden;
+    const int64_t K = p_.s.top_k;
     const int64_t rows = on_input ? tokens * K : tokens;
     float* row = thread_buf(tid);
     for (;;) {
@@ -302,24 +302,9 @@ class Worker {
           stage_row((on_input ? t0 * K : t0) + r, dst, &s_.qx_rows[r]);
           continue;
         }
-        const TensorView& x = *p_.x;
         const int64_t t = on_input ? r / K : r;
-        const int64_t base = (t0 + t) * x.stride();
-        const float w = on_input ? router_weight(t0, r) : 1.0f;
-        if (x.dtype == DType::f32 && !on_input) {
-          std::memcpy(row, static_cast<const uint8_t*>(x.data) + base * 4,
-                      static_cast<size_t>(H) * 4);
-        } else {
-          for (int64_t h = 0; h < H; ++h) row[h] = load_float(x.data, x.dtype, base + h) * w;
-        }
-        QuantizeArgs q;
-        q.src = row;
-        q.cols = H;
-        q.cols_padded = p_.w13->cols_padded;
-        q.group_len = p_.w13->group_len;
-        q.dst = dst;
-        q.row = &s_.qx_rows[r];
-        p_.set->quantize(q);
+        quantize_input_row(*p_.set, *p_.x, t0 + t, on_input, on_input ? router_weight(t0, r) : 1.0f,
+                           row, p_.w13->cols_padded, p_.w13->group_len, dst, &s_.qx_rows[r]);
       }
     }
   }
@@ -368,22 +353,9 @@ class Worker {
           const int32_t pair = s_.order[j + r];
           a[r] = s_.qx_rows[on_input ? pair : pair / K];
         }
-        GemmArgs g;
-        g.m = m;
-        g.a = a;
-        g.expert = expert;
-        g.geometry = p_.w13;
-        g.c_stride = kSliceI;
-        g.n_begin = i0;
-        g.n_end = i1;
-        g.c = cg;
-        if (j == s_.begin[e]) std::copy(pf_gate, pf_gate + 2, g.prefetch);
-        p_.set->gemm(g);
-        g.n_begin = up + i0;
-        g.n_end = up + i1;
-        g.c = cu;
-        if (j == s_.begin[e]) std::copy(pf_up, pf_up + 2, g.prefetch);
-        p_.set->gemm(g);
+        const bool first = j == s_.begin[e];  // the tile that prefetches the next task
+        gemm(m, a, expert, *p_.w13, i0, i1, cg, kSliceI, first ? pf_gate : nullptr);
+        gemm(m, a, expert, *p_.w13, up + i0, up + i1, cu, kSliceI, first ? pf_up : nullptr);
         for (int64_t r = 0; r < m; ++r) {
           float* dst = s_.m + static_cast<size_t>(s_.order[j + r]) * s_.m_stride + i0;
           p_.set->activate(*p_.params, cg + r * kSliceI, cu + r * kSliceI, dst, i1 - i0);
@@ -399,18 +371,34 @@ class Worker {
     }
   }
 
+  // One GEMM call: rows a[0, m) of the expert's padded output rows [n0, n1) into c; `prefetch`
+  // (two ranges, or null) goes with it.
+  void gemm(int64_t m, const QuantRow* a, const uint8_t* expert, const Geometry& geometry,
+            int64_t n0, int64_t n1, float* c, int64_t c_stride,
+            const PrefetchRange* prefetch) const {
+    GemmArgs g;
+    g.m = m;
+    g.a = a;
+    g.expert = expert;
+    g.geometry = &geometry;
+    g.n_begin = n0;
+    g.n_end = n1;
+    g.c = c;
+    g.c_stride = c_stride;
+    if (prefetch != nullptr) std::copy(prefetch, prefetch + 2, g.prefetch);
+    p_.set->gemm(g);
+  }
+
   // The intermediate rows of expert e's pairs, quantized for down.
   void requantize_expert(int32_t e) {
     for (int32_t j = s_.begin[e]; j < s_.begin[e + 1]; ++j) {
       const size_t r = static_cast<size_t>(s_.order[j]);
-      QuantizeArgs q;
-      q.src = s_.m + r * s_.m_stride;
-      q.cols = p_.s.inter;
-      q.cols_padded = p_.w2->cols_padded;
-      q.group_len = p_.w2->group_len;
-      q.dst = s_.qm + r * s_.qm_stride;
-      q.row = &s_.qm_rows[r];
-      p_.set->quantize(q);
+      p_.set->quantize({.src = s_.m + r * s_.m_stride,
+                        .cols = p_.s.inter,
+                        .cols_padded = p_.w2->cols_padded,
+                        .group_len = p_.w2->group_len,
+                        .dst = s_.qm + r * s_.qm_stride,
+                        .row = &s_.qm_rows[r]});
     }
   }
 
@@ -440,17 +428,7 @@ class Worker {
         for (int64_t ti = 0; ti < tiles.count; ++ti) {
           const int64_t j = s_.begin[e] + tiles.start(ti), m = tiles.size(ti);
           for (int64_t r = 0; r < m; ++r) a[r] = s_.qm_rows[s_.order[j + r]];
-          GemmArgs g;
-          g.m = m;
-          g.a = a;
-          g.expert = expert;
-          g.geometry = p_.w2;
-          g.n_begin = h0;
-          g.n_end = h1;
-          g.c = c;
-          g.c_stride = slice;
-          if (j == s_.begin[e]) std::copy(pf, pf + 2, g.prefetch);
-          p_.set->gemm(g);
+          gemm(m, a, expert, *p_.w2, h0, h1, c, slice, j == s_.begin[e] ? pf : nullptr);
           for (int64_t r = 0; r < m; ++r) {
             const int32_t pair = s_.order[j + r];
             const float* y = c + r * slice;
@@ -489,21 +467,50 @@ void forward(Context& context, const TensorView& x, const TensorView& topk_ids,
              const TensorView& topk_weights, std::span<const uint8_t> w13_packed,
              std::span<const uint8_t> w2_packed, const MoeParams& params,
              const MutableTensorView& out) {
-  using namespace detail;
+  detail::forward_tokens(context, x, topk_ids, topk_weights, w13_packed, w2_packed, params, out, {},
+                         nullptr, -1);
+}
+
+namespace detail {
+
+void quantize_input_row(const KernelSet& set, const TensorView& x, int64_t t, bool weighted,
+                        float weight, float* row, int64_t cols_padded, int64_t group_len, void* dst,
+                        QuantRow* out) {
+  const int64_t H = x.shape[1], base = t * x.stride();
+  if (x.dtype == DType::f32 && !weighted) {
+    std::memcpy(row, static_cast<const uint8_t*>(x.data) + base * 4, static_cast<size_t>(H) * 4);
+  } else {
+    for (int64_t h = 0; h < H; ++h) row[h] = load_float(x.data, x.dtype, base + h) * weight;
+  }
+  set.quantize({.src = row,
+                .cols = H,
+                .cols_padded = cols_padded,
+                .group_len = group_len,
+                .dst = dst,
+                .row = out});
+}
+
+void forward_tokens(Context& context, const TensorView& x, const TensorView& topk_ids,
+                    const TensorView& topk_weights, std::span<const uint8_t> w13_packed,
+                    std::span<const uint8_t> w2_packed, const MoeParams& params,
+                    const MutableTensorView& out, const ForwardRules& rules,
+                    const int32_t* local_of, int64_t local_experts) {
   const Geometry w13 = read_geometry(w13_packed, "w13_packed");
   const Geometry w2 = read_geometry(w2_packed, "w2_packed");
   ForwardJob job;
-  job.s = check_forward(x, topk_ids, topk_weights, w13, w2, params, out);
+  job.s = check_forward(x, topk_ids, topk_weights, w13, w2, params, out, rules);
+  if (local_experts >= 0 && job.s.experts != local_experts)
+    throw Error(cat("w13_packed: expected the shard's ", local_experts, " local experts, got ",
+                    job.s.experts));
   set_weights(job, w13, w2, w13_packed, w2_packed);
   job.x = &x;
   job.ids = &topk_ids;
   job.weights = &topk_weights;
   job.out = &out;
   job.params = &params;
+  job.local_of = local_of;
   run_forward(context, job);
 }
-
-namespace detail {
 
 ThreadPool& context_threads(Context& context) { return ContextAccess::impl(context).pool; }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <span>
 
+#include "api/validate.hpp"
 #include "common/argument_checks.hpp"
 #include "pack/packed_format.hpp"
 #include "registry.hpp"
@@ -53,6 +54,21 @@ inline void set_weights(ForwardJob& job, const Geometry& w13, const Geometry& w2
   job.w13_base = w13_packed.data() + kHeaderBytes;
   job.w2_base = w2_packed.data() + kHeaderBytes;
 }
+
+// Row t of x, times `weight` when `weighted` (the router weight on the input), quantized by
+// `set` into dst (cols_padded bytes, then the group terms if the set writes them): the one
+// quantization of an input row, whether forward() or a dispatching process does it.
+void quantize_input_row(const KernelSet& set, const TensorView& x, int64_t t, bool weighted,
+                        float weight, float* row, int64_t cols_padded, int64_t group_len, void* dst,
+                        QuantRow* out);
+
+// forward() and forward_local(): the checks (ids name rules.id_experts experts when set), then
+// the run. local_of as ForwardJob::local_of; `local_experts` (-1: any) must be the packed count.
+void forward_tokens(Context& context, const TensorView& x, const TensorView& topk_ids,
+                    const TensorView& topk_weights, std::span<const uint8_t> w13_packed,
+                    std::span<const uint8_t> w2_packed, const MoeParams& params,
+                    const MutableTensorView& out, const ForwardRules& rules,
+                    const int32_t* local_of, int64_t local_experts);
 
 // Runs the job on the context's threads. Arguments are checked by the caller.
 void run_forward(Context& context, const ForwardJob& job);
