@@ -457,3 +457,23 @@ TEST(ExpertParallel, DispatchChecksWhatItReceives) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(ExpertParallel, SupportedConfigKnowsLocalExperts) {
+  w4a8moe::MoeConfig c;
+  c.hidden = 256;
+  c.inter = 128;
+  c.experts = 8;
+  c.top_k = 2;
+  c.local_experts = 3;
+  EXPECT_TRUE(w4a8moe::is_supported_config(c).supported);
+  c.local_experts = 9;
+  const w4a8moe::Support s = w4a8moe::is_supported_config(c);
+  EXPECT_FALSE(s.supported);
+  EXPECT_NE(s.reason.find("local experts (9) must be 0 (all) or 1 to experts (8)"),
+            std::string::npos)
+      << s.reason;
+}
+
+}  // namespace

@@ -27,6 +27,9 @@ Support is_supported_config(const MoeConfig& c) noexcept {
                     detail::kMaxCols, " are not supported"));
     if (c.experts > UINT32_MAX || 2 * c.inter > UINT32_MAX)
       return no(cat("experts (", c.experts, ") and 2 x intermediate must fit in 32 bits"));
+    if (c.local_experts < 0 || c.local_experts > c.experts)
+      return no(cat("local experts (", c.local_experts, ") must be 0 (all) or 1 to experts (",
+                    c.experts, "): a process holds some of the layer's experts"));
     if (!is_valid_activation_code(c.activation))
       return no(cat("activation code ", c.activation,
                     " is unknown; use 0 swiglustep, 1 swigluoai, 2 silu, 3 gelu or 4 gelu_tanh"));
