@@ -466,10 +466,10 @@ void Dispatch::compute(Context& context, std::span<const uint8_t> received,
       }
     }
     results_.resize(static_cast<size_t>(kept * H) * 4);
-    std::memcpy(results_.data(), sums_.data(), results_.size());
+    std::copy_n(reinterpret_cast<const uint8_t*>(sums_.data()), results_.size(), results_.data());
   } else if (f32) {
     results_.resize(static_cast<size_t>(R * H) * 4);
-    std::memcpy(results_.data(), sums_.data(), results_.size());
+    std::copy_n(reinterpret_cast<const uint8_t*>(sums_.data()), results_.size(), results_.data());
   } else {
     results_.resize(static_cast<size_t>(R * H) * 2);
     auto* dst = reinterpret_cast<uint16_t*>(results_.data());
