@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <stdexcept>
+#include <utility>
 
 #include "checkpoint_test_util.hpp"
 
@@ -30,14 +31,8 @@ FamilyRow default_sized(const char* name, const RouteSpec& route, std::string ar
   FamilyRow f;
   f.name = name;
   f.route = route;
-  f.gguf = [arch](GgufSpec& s) {
-    s.arch = arch;
-    s.layers = 1;
-  };
-  f.ct = [model_type](CtSpec& s) {
-    s.model_type = model_type;
-    s.layers = 1;
-  };
+  f.gguf = GgufSpec{.arch = std::move(arch), .layers = 1};
+  f.ct = CtSpec{.model_type = std::move(model_type), .layers = 1};
   return f;
 }
 
@@ -47,18 +42,8 @@ std::vector<FamilyRow> make_rows() {
     FamilyRow f;
     f.name = "Qwen3Moe";
     f.route = RouteSpec{"softmax", true};
-    f.gguf = [](GgufSpec& s) {
-      s.H = 128;
-      s.I = 96;
-      s.E = 16;
-      s.K = 4;
-    };
-    f.ct = [](CtSpec& s) {
-      s.H = 128;
-      s.I = 64;
-      s.E = 16;
-      s.K = 4;
-    };
+    f.gguf = GgufSpec{.H = 128, .I = 96, .E = 16, .K = 4};
+    f.ct = CtSpec{.H = 128, .I = 64, .E = 16, .K = 4};
     rows.push_back(f);
   }
   {
@@ -67,16 +52,9 @@ std::vector<FamilyRow> make_rows() {
     FamilyRow f;
     f.name = "DeepSeekV3";
     f.route = RouteSpec{"sigmoid", true, 2.5, 4, 2, true};
-    f.gguf = [](GgufSpec& s) {
-      s.arch = "deepseek2";
-      s.layers = 1;
-      s.H = 96;
-      s.I = 64;
-      s.E = 16;
-      s.K = 4;
-      s.types[2] = kTF16;
-      s.selection_bias = true;
-    };
+    f.gguf = GgufSpec{.arch = "deepseek2", .layers = 1, .H = 96, .I = 64, .E = 16, .K = 4};
+    f.gguf->types[2] = kTF16;
+    f.gguf->selection_bias = true;
     f.gguf_meta = [](GgufWriter& w) {
       w.kv_u32("deepseek2.expert_gating_func", 2);
       w.kv_bool("deepseek2.expert_weights_norm", true);
@@ -93,12 +71,7 @@ std::vector<FamilyRow> make_rows() {
       EXPECT_EQ(info.w13_scale_dtype, DType::f16);
       EXPECT_EQ(info.w2_scale_dtype, DType::f32);
     };
-    f.ct = [](CtSpec& s) {
-      s.model_type = "deepseek_v3";
-      s.shards = 3;
-      s.E = 16;
-      s.K = 4;
-    };
+    f.ct = CtSpec{.model_type = "deepseek_v3", .shards = 3, .E = 16, .K = 4};
     f.config = deepseek_v3_config;
     f.ct_check = [](const io::LayerSource& source, const std::vector<Moe>&) {
       EXPECT_EQ(source.info().routing.group_score, GroupScore::top2_sum);
@@ -113,30 +86,17 @@ std::vector<FamilyRow> make_rows() {
     f.name = "GptOss";
     f.route = RouteSpec{"softmax_topk", false};
     f.activation = Activation::swigluoai;
-    f.gguf = [](GgufSpec& s) {
-      s.arch = "gpt-oss";
-      s.layers = 1;
-      s.H = s.I = 64;
-      s.E = 8;
-      s.K = 2;
-      s.types[0] = s.types[1] = s.types[2] = kTMXFP4;
-      s.expert_bias = s.router_bias = true;
-    };
+    f.gguf = GgufSpec{.arch = "gpt-oss", .layers = 1, .H = 64, .I = 64, .E = 8, .K = 2};
+    f.gguf->types[0] = f.gguf->types[1] = f.gguf->types[2] = kTMXFP4;
+    f.gguf->expert_bias = f.gguf->router_bias = true;
     f.gguf_check = [](const io::LayerSource& source, const std::vector<Moe>&) {
       EXPECT_TRUE(source.info().expert_bias);
     };
     // the folder as transformers saves it: gate_up_proj [E, H, 2I] with gate and up interleaved,
     // biases, a router bias
-    f.ct = [](CtSpec& s) {
-      s.model_type = "gpt_oss";
-      s.fused = "bf16";
-      s.expert_bias = s.router_bias = true;
-      s.layers = 1;
-      s.H = 64;
-      s.I = 96;
-      s.E = 8;
-      s.K = 2;
-    };
+    f.ct = CtSpec{.model_type = "gpt_oss", .H = 64, .I = 96, .E = 8, .K = 2, .layers = 1};
+    f.ct->fused = "bf16";
+    f.ct->expert_bias = f.ct->router_bias = true;
     f.ct_check = [](const io::LayerSource& source, const std::vector<Moe>&) {
       EXPECT_TRUE(source.info().expert_bias);
     };
@@ -148,17 +108,8 @@ std::vector<FamilyRow> make_rows() {
     f.name = "Llama4";
     f.route = RouteSpec{"sigmoid", false};
     f.on_input = true;
-    f.gguf = [](GgufSpec& s) {
-      s.arch = "llama4";
-      s.layers = 1;
-      s.K = 1;
-    };
-    f.ct = [](CtSpec& s) {
-      s.model_type = "llama4";
-      s.layers = 1;
-      s.E = 4;
-      s.K = 1;
-    };
+    f.gguf = GgufSpec{.arch = "llama4", .layers = 1, .K = 1};
+    f.ct = CtSpec{.model_type = "llama4", .E = 4, .K = 1, .layers = 1};
     f.ct_check = [](const io::LayerSource& source, const std::vector<Moe>& truth) {
       EXPECT_EQ(load_all(source).w13, truth.back().w13);
     };
@@ -170,24 +121,12 @@ std::vector<FamilyRow> make_rows() {
     FamilyRow f;
     f.name = "Qwen2Moe";
     f.route = RouteSpec{"softmax", false};
-    f.gguf = [](GgufSpec& s) {
-      s.arch = "qwen2moe";
-      s.H = 96;
-      s.I = 64;
-      s.E = 8;
-      s.K = 4;
-      s.shared_expert = s.shared_gate = true;
-      s.Is = 160;
-    };
-    f.ct = [](CtSpec& s) {
-      s.model_type = "qwen2_moe";
-      s.scheme = "int";
-      s.strategy = "channel";
-      s.layers = 1;
-      s.shared = "shared_expert";
-      s.shared_gate = true;
-      s.Is = 96;
-    };
+    f.gguf = GgufSpec{.arch = "qwen2moe", .H = 96, .I = 64, .E = 8, .K = 4, .Is = 160};
+    f.gguf->shared_expert = f.gguf->shared_gate = true;
+    f.ct = CtSpec{.model_type = "qwen2_moe", .scheme = "int", .strategy = "channel", .layers = 1};
+    f.ct->shared = "shared_expert";
+    f.ct->shared_gate = true;
+    f.ct->Is = 96;
     f.gguf_check = f.ct_check = [](const io::LayerSource& source, const std::vector<Moe>&) {
       EXPECT_TRUE(source.info().has_shared_expert);
     };
@@ -195,11 +134,8 @@ std::vector<FamilyRow> make_rows() {
   }
   // one layer of the default sizes
   rows.push_back(default_sized("Mixtral", RouteSpec{"softmax", true}, "llama", "mixtral"));
-  rows.back().ct = [](CtSpec& s) {
-    s.model_type = "mixtral";
-    s.mixtral_names = true;  // block_sparse_moe.experts.J.w1 / w3 / w2
-    s.layers = 1;
-  };
+  // block_sparse_moe.experts.J.w1 / w3 / w2
+  rows.back().ct = CtSpec{.model_type = "mixtral", .layers = 1, .mixtral_names = true};
   rows.push_back(default_sized("Olmoe", RouteSpec{"softmax", false}, "olmoe", "olmoe"));
   return rows;
 }
@@ -225,11 +161,11 @@ const FamilyRow& family(const std::string& name) {
 }
 
 std::vector<FamilyRow> gguf_families() {
-  return rows_with([](const FamilyRow& f) { return static_cast<bool>(f.gguf); });
+  return rows_with([](const FamilyRow& f) { return f.gguf.has_value(); });
 }
 
 std::vector<FamilyRow> hf_families() {
-  return rows_with([](const FamilyRow& f) { return static_cast<bool>(f.ct); });
+  return rows_with([](const FamilyRow& f) { return f.ct.has_value(); });
 }
 
 void check_family(const std::string& path, int layer, const FamilyRow& row,
@@ -250,17 +186,13 @@ void check_family(const std::string& path, int layer, const FamilyRow& row,
 }
 
 GgufModel family_gguf(const FamilyRow& row) {
-  GgufSpec spec;
-  row.gguf(spec);
-  GgufModel g = make_gguf(spec);
+  GgufModel g = make_gguf(row.gguf.value());
   if (row.gguf_meta) row.gguf_meta(g.writer);
   return g;
 }
 
 CtModel family_ct(const FamilyRow& row) {
-  CtSpec spec;
-  row.ct(spec);
-  CtModel c = make_ct(spec);
+  CtModel c = make_ct(row.ct.value());
   if (row.config) row.config(c.writer.config);
   return c;
 }

@@ -9,6 +9,7 @@
 
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -24,10 +25,10 @@ struct FamilyRow {
   w4a8moe::Activation activation = w4a8moe::Activation::silu;
   bool on_input = false;  // the router weight applied on the input
   // GGUF (absent: no GGUF case): the spec (arch, sizes, types) and the routing metadata.
-  std::function<void(GgufSpec&)> gguf;
+  std::optional<GgufSpec> gguf;
   std::function<void(GgufWriter&)> gguf_meta;
   // Hugging Face (absent: no folder case): the spec and config.json's routing keys.
-  std::function<void(CtSpec&)> ct;
+  std::optional<CtSpec> ct;
   std::function<void(nlohmann::json&)> config;
   // Further checks of the loaded layer (the source, and the writer's truth per layer).
   std::function<void(const w4a8moe::io::LayerSource&, const std::vector<Moe>&)> gguf_check,
@@ -56,5 +57,15 @@ void check_family(
     const std::string& path, int layer, const FamilyRow& row,
     const std::function<void(const w4a8moe::io::LayerSource&, const std::vector<Moe>&)>& check,
     const std::vector<Moe>& truth);
+
+// Writes a row's model (family_gguf or family_ct) to `path` and runs check_family on its last
+// layer, with the model's layers as the truth.
+template <class Model>
+void write_and_check_family(
+    const Model& model, const std::string& path, const FamilyRow& row,
+    const std::function<void(const w4a8moe::io::LayerSource&, const std::vector<Moe>&)>& check) {
+  model.writer.write(path);
+  check_family(path, static_cast<int>(model.layers.size()) - 1, row, check, model.layers);
+}
 
 }  // namespace ckpt_test

@@ -15,6 +15,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "checkpoint_writers.hpp"
@@ -55,6 +56,13 @@ inline std::string error_of(const std::function<void()>& f) {
     return e.what();
   }
   return "(no error)";
+}
+
+// The message of opening layer `layer` of `path` with `options` and require_exact set.
+inline std::string exact_error(const std::string& path, int layer,
+                               w4a8moe::io::LoadOptions options = {}) {
+  options.require_exact = true;
+  return error_of([&] { w4a8moe::io::open_layer(path, layer, options); });
 }
 
 // Every expert as loaded: int4 values [E, 2I, H] / [E, H, I], scales as floats, biases.
@@ -124,7 +132,7 @@ inline void check_forward(const w4a8moe::io::LayerSource& source,
                           const w4a8moe::io::PackedLayer& packed, LayerRun& run) {
   using namespace w4a8moe;
   const io::LayerInfo& info = source.info();
-  const int64_t H = info.hidden, I = info.inter, E = info.experts, K = info.top_k;
+  const int64_t H = info.hidden, K = info.top_k;
   const int64_t T = static_cast<int64_t>(run.x.size()) / H;
   Context context(2);
   run.out.assign(static_cast<size_t>(T * H), 0.0f);
@@ -134,27 +142,29 @@ inline void check_forward(const w4a8moe::io::LayerSource& source,
           packed.w2.bytes(), info.params,
           MutableTensorView::of(run.out.data(), DType::f32, {T, H}));
 
-  const Loaded w = load_all(source);
-  moe_ref::Problem& p = run.problem;
-  p.tokens = T;
-  p.hidden = H;
-  p.inter = I;
-  p.experts = E;
-  p.top_k = K;
-  p.group_size = info.group_size;
-  p.x = run.x;
-  p.ids.assign(run.ids.begin(), run.ids.end());
-  p.topk_weights = run.weights;
-  p.w13 = w.w13;
-  p.w13_scale = w.w13_s;
-  p.w13_bias = w.b13;
-  p.w2 = w.w2;
-  p.w2_scale = w.w2_s;
-  p.w2_bias = w.b2;
-  p.activation = static_cast<int>(info.params.activation);
-  p.alpha = info.params.alpha;
-  p.limit = info.params.limit;
-  p.apply_router_weight_on_input = info.params.apply_router_weight_on_input;
+  Loaded w = load_all(source);
+  run.problem = moe_ref::Problem{
+      .tokens = T,
+      .hidden = info.hidden,
+      .inter = info.inter,
+      .experts = info.experts,
+      .top_k = info.top_k,
+      .group_size = info.group_size,
+      .x = run.x,
+      .ids = std::vector<int64_t>(run.ids.begin(), run.ids.end()),
+      .topk_weights = run.weights,
+      .w13 = std::move(w.w13),
+      .w13_scale = std::move(w.w13_s),
+      .w13_bias = std::move(w.b13),
+      .w2 = std::move(w.w2),
+      .w2_scale = std::move(w.w2_s),
+      .w2_bias = std::move(w.b2),
+      .activation = static_cast<int>(info.params.activation),
+      .alpha = info.params.alpha,
+      .limit = info.params.limit,
+      .apply_router_weight_on_input = info.params.apply_router_weight_on_input,
+  };
+  const moe_ref::Problem& p = run.problem;
   const moe_ref::ExactResult exact = moe_ref::exact_forward(p);
   double max_ref = 0;
   for (const double v : exact.out) max_ref = std::max(max_ref, std::fabs(v));

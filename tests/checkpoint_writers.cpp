@@ -174,25 +174,34 @@ std::vector<GgufWriter> GgufWriter::split(int count) const {
   return out;
 }
 
-std::vector<uint8_t> encode_q4_0(const std::vector<uint8_t>& q, const std::vector<uint16_t>& d) {
+namespace {
+
+// ggml blocks of 32 values that start with the f16 scale d: per block, d's bytes and then what
+// `quants` appends.
+template <class Quants>
+std::vector<uint8_t> encode_blocks(size_t values, const std::vector<uint16_t>& d, Quants quants) {
   std::vector<uint8_t> out;
-  for (size_t b = 0; b < q.size() / 32; ++b) {
+  for (size_t b = 0; b < values / 32; ++b) {
     out.push_back(static_cast<uint8_t>(d[b] & 0xff));
     out.push_back(static_cast<uint8_t>(d[b] >> 8));
-    for (size_t j = 0; j < 16; ++j)
-      out.push_back(static_cast<uint8_t>(q[32 * b + j] | (q[32 * b + 16 + j] << 4)));
+    quants(b, out);
   }
   return out;
 }
 
+}  // namespace
+
+std::vector<uint8_t> encode_q4_0(const std::vector<uint8_t>& q, const std::vector<uint16_t>& d) {
+  return encode_blocks(q.size(), d, [&](size_t b, std::vector<uint8_t>& out) {
+    for (size_t j = 0; j < 16; ++j)
+      out.push_back(static_cast<uint8_t>(q[32 * b + j] | (q[32 * b + 16 + j] << 4)));
+  });
+}
+
 std::vector<uint8_t> encode_q8_0(const std::vector<int8_t>& q, const std::vector<uint16_t>& d) {
-  std::vector<uint8_t> out;
-  for (size_t b = 0; b < q.size() / 32; ++b) {
-    out.push_back(static_cast<uint8_t>(d[b] & 0xff));
-    out.push_back(static_cast<uint8_t>(d[b] >> 8));
+  return encode_blocks(q.size(), d, [&](size_t b, std::vector<uint8_t>& out) {
     for (size_t j = 0; j < 32; ++j) out.push_back(static_cast<uint8_t>(q[32 * b + j]));
-  }
-  return out;
+  });
 }
 
 std::vector<uint8_t> encode_f32(const std::vector<float>& v) {
@@ -201,25 +210,24 @@ std::vector<uint8_t> encode_f32(const std::vector<float>& v) {
   return out;
 }
 
-std::vector<uint8_t> encode_f16(const std::vector<float>& v) {
+namespace {
+
+// 16-bit values, little-endian, each from bits(x).
+std::vector<uint8_t> encode_16(const std::vector<float>& v, uint16_t (*bits)(float)) {
   std::vector<uint8_t> out;
   for (const float x : v) {
-    const uint16_t h = f16_bits(x);
+    const uint16_t h = bits(x);
     out.push_back(static_cast<uint8_t>(h & 0xff));
     out.push_back(static_cast<uint8_t>(h >> 8));
   }
   return out;
 }
 
-std::vector<uint8_t> encode_bf16(const std::vector<float>& v) {
-  std::vector<uint8_t> out;
-  for (const float x : v) {
-    const uint16_t h = bf16_bits(x);
-    out.push_back(static_cast<uint8_t>(h & 0xff));
-    out.push_back(static_cast<uint8_t>(h >> 8));
-  }
-  return out;
-}
+}  // namespace
+
+std::vector<uint8_t> encode_f16(const std::vector<float>& v) { return encode_16(v, f16_bits); }
+
+std::vector<uint8_t> encode_bf16(const std::vector<float>& v) { return encode_16(v, bf16_bits); }
 
 namespace {
 

@@ -241,12 +241,12 @@ struct CtSpec {
   bool mixtral_names = false;
   // The experts fused in experts.gate_up_proj [E, H, 2I] and experts.down_proj [E, I, H]: "bf16",
   // or "mxfp4" (gpt-oss's _blocks / _scales). gpt_oss interleaves gate and up, llama4 concatenates.
-  std::string fused;
+  std::string fused{};
   bool expert_bias = false, router_bias = false;  // gpt-oss: experts' and router's biases
   // A shared expert module in the block: "shared_experts" (DeepSeek), "shared_expert" (Qwen2-MoE,
   // Llama-4), stored like one expert of `scheme` (bf16 when the experts are fused), of intermediate
   // size Is (0: 2 I); shared_gate: Qwen2-MoE's shared_expert_gate [1, H].
-  std::string shared;
+  std::string shared{};
   bool shared_gate = false;
   int64_t Is = 0;
 };

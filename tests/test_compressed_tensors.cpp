@@ -28,6 +28,14 @@ std::vector<uint16_t> bits16(const std::vector<uint8_t>& bytes) {
   return out;
 }
 
+// The loaded int4 values and bf16 scales are the writer's truth `m`, bit for bit.
+void expect_as_written(const Loaded& w, const Moe& m) {
+  EXPECT_EQ(w.w13, m.w13);
+  EXPECT_EQ(w.w2, m.w2);
+  EXPECT_EQ(bits16(w.w13_scale_bytes), bf16_of(m.w13_s));
+  EXPECT_EQ(bits16(w.w2_scale_bytes), bf16_of(m.w2_s));
+}
+
 TEST(CompressedTensors, PackQuantizedWordLayout) {
   // compressed-tensors' pack_to_int32: add 8, element i of a group of eight in bits 4i (least
   // significant first)
@@ -54,28 +62,19 @@ TEST(CompressedTensors, PackQuantizedReadsBackExactly) {
   }
   const Loaded w = load_all(*source);
   const Moe& m = c.layers[1];
-  EXPECT_EQ(w.w13, m.w13);
-  EXPECT_EQ(w.w2, m.w2);
-  EXPECT_EQ(bits16(w.w13_scale_bytes), bf16_of(m.w13_s));
-  EXPECT_EQ(bits16(w.w2_scale_bytes), bf16_of(m.w2_s));
+  expect_as_written(w, m);
 }
 
 TEST(CompressedTensors, IntQuantizedChannelwiseReadsBackExactly) {
   TempDir dir;
-  CtSpec spec;
-  spec.scheme = "int";
-  spec.strategy = "channel";
-  spec.layers = 1;
+  CtSpec spec{.scheme = "int", .strategy = "channel", .layers = 1};
   CtModel c = make_ct(spec);
   c.writer.write(dir / "ckpt");
   const auto source = io::open_layer(dir / "ckpt", 0, {});
   EXPECT_EQ(source->info().group_size, -1);
   EXPECT_EQ(source->conversions()[0].source, "int-quantized int4 channelwise, BF16 scales");
   const Loaded w = load_all(*source);
-  EXPECT_EQ(w.w13, c.layers[0].w13);
-  EXPECT_EQ(w.w2, c.layers[0].w2);
-  EXPECT_EQ(bits16(w.w13_scale_bytes), bf16_of(c.layers[0].w13_s));
-  EXPECT_EQ(bits16(w.w2_scale_bytes), bf16_of(c.layers[0].w2_s));
+  expect_as_written(w, c.layers[0]);
   check_layer(dir / "ckpt", 0, RouteSpec{"softmax", true});
 }
 
@@ -100,10 +99,7 @@ void expect_quantized_from(const Loaded& w, const std::vector<std::vector<float>
 
 TEST(CompressedTensors, DenseBf16IsQuantizedOnLoad) {
   TempDir dir;
-  CtSpec spec;
-  spec.scheme = "bf16";
-  spec.layers = 1;
-  spec.E = 2;
+  CtSpec spec{.scheme = "bf16", .E = 2, .layers = 1};
   CtModel c = make_ct(spec);
   c.writer.write(dir / "ckpt");
   const auto source = io::open_layer(dir / "ckpt", 0, {});
@@ -114,9 +110,7 @@ TEST(CompressedTensors, DenseBf16IsQuantizedOnLoad) {
     EXPECT_GT(conv.relative_rms(), 0.01);
     EXPECT_LT(conv.relative_rms(), 0.2);
   }
-  io::LoadOptions exact;
-  exact.require_exact = true;
-  EXPECT_THAT(error_of([&] { io::open_layer(dir / "ckpt", 0, exact); }),
+  EXPECT_THAT(exact_error(dir / "ckpt", 0),
               HasSubstr("gate_proj.weight' is BF16, which does not map exactly onto int4"));
 }
 
@@ -124,10 +118,7 @@ TEST(CompressedTensors, DenseF16AndF32AreQuantizedOnLoad) {
   for (const char* scheme : {"f16", "f32"}) {
     SCOPED_TRACE(scheme);
     TempDir dir;
-    CtSpec spec;
-    spec.scheme = scheme;
-    spec.layers = 1;
-    spec.E = 3;
+    CtSpec spec{.scheme = scheme, .E = 3, .layers = 1};
     CtModel c = make_ct(spec);
     c.writer.write(dir / "ckpt");
     const auto source = io::open_layer(dir / "ckpt", 0, {});
@@ -142,21 +133,13 @@ TEST(CompressedTensors, EveryFormatAndStrategyReadsBackExactly) {
     for (const char* strategy : {"group", "channel"}) {
       SCOPED_TRACE(::testing::Message() << scheme << " " << strategy);
       TempDir dir;
-      CtSpec spec;
-      spec.scheme = scheme;
-      spec.strategy = strategy;
-      spec.layers = 1;
-      spec.H = 128;
-      spec.I = 96;
+      CtSpec spec{.scheme = scheme, .strategy = strategy, .H = 128, .I = 96, .layers = 1};
       CtModel c = make_ct(spec);
       c.writer.write(dir / "ckpt");
       const auto source = io::open_layer(dir / "ckpt", 0, {});
       EXPECT_EQ(source->info().group_size, std::string(strategy) == "group" ? 32 : -1);
       const Loaded w = load_all(*source);
-      EXPECT_EQ(w.w13, c.layers[0].w13);
-      EXPECT_EQ(w.w2, c.layers[0].w2);
-      EXPECT_EQ(bits16(w.w13_scale_bytes), bf16_of(c.layers[0].w13_s));
-      EXPECT_EQ(bits16(w.w2_scale_bytes), bf16_of(c.layers[0].w2_s));
+      expect_as_written(w, c.layers[0]);
       check_layer(dir / "ckpt", 0, RouteSpec{"softmax", true});
     }
 }
@@ -184,8 +167,7 @@ TEST(CompressedTensors, GroupAsLongAsTheRowIsOneScalePerRow) {
 TEST(CompressedTensors, GptOssFusedBf16Experts) {
   // gate_up_proj [E, H, 2I] with gate and up interleaved, biases, a router bias, clamped SwiGLU
   TempDir dir;
-  CtSpec spec;
-  family("GptOss").ct(spec);
+  CtSpec spec = family("GptOss").ct.value();
   CtModel c = make_ct(spec);
   c.writer.write(dir / "ckpt");
   const auto source = io::open_layer(dir / "ckpt", 0, {});
@@ -215,8 +197,7 @@ TEST(CompressedTensors, GptOssFusedBf16Experts) {
 TEST(CompressedTensors, GptOssMxfp4Experts) {
   // as gpt-oss ships: gate_up_proj_blocks / _scales, one row per output (interleaved)
   TempDir dir;
-  CtSpec spec;
-  family("GptOss").ct(spec);
+  CtSpec spec = family("GptOss").ct.value();
   spec.fused = "mxfp4";
   spec.H = 96;
   spec.I = 64;
@@ -232,9 +213,7 @@ TEST(CompressedTensors, GptOssMxfp4Experts) {
   EXPECT_EQ(w.b13, c.layers[0].b13);
   check_layer(dir / "ckpt", 0, RouteSpec{"softmax_topk", false});
   check_expert_range(dir / "ckpt", 0, {3, 1});
-  io::LoadOptions exact;
-  exact.require_exact = true;
-  EXPECT_THAT(error_of([&] { io::open_layer(dir / "ckpt", 0, exact); }),
+  EXPECT_THAT(exact_error(dir / "ckpt", 0),
               HasSubstr("tensor 'model.layers.0.mlp.experts.gate_up_proj_blocks' is MXFP4, which "
                         "does not map exactly onto int4"));
 }
@@ -243,8 +222,7 @@ TEST(CompressedTensors, Llama4FusedExpertsAndSharedExpert) {
   // language_model.model.layers.N.feed_forward: gate_up_proj halves, top-1 sigmoid router
   // weight applied on the input, and the shared expert (bf16, I) added as is
   TempDir dir;
-  CtSpec spec;
-  family("Llama4").ct(spec);
+  CtSpec spec = family("Llama4").ct.value();
   spec.fused = "bf16";
   spec.shared = "shared_expert";
   spec.layers = 2;
@@ -273,9 +251,7 @@ class CtFamily : public ::testing::TestWithParam<FamilyRow> {};
 TEST_P(CtFamily, LayerRoutesAndRunsAsTheModel) {
   const FamilyRow& row = GetParam();
   TempDir dir;
-  const CtModel c = family_ct(row);
-  c.writer.write(dir / "ckpt");
-  check_family(dir / "ckpt", static_cast<int>(c.layers.size()) - 1, row, row.ct_check, c.layers);
+  write_and_check_family(family_ct(row), dir / "ckpt", row, row.ct_check);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CtFamily, ::testing::ValuesIn(hf_families()), family_test_name);
@@ -286,8 +262,7 @@ INSTANTIATE_TEST_SUITE_P(Families, CtFamily, ::testing::ValuesIn(hf_families()),
 TEST(CompressedTensors, DeepSeekV3SharedExpertsAddedAsIs) {
   // mlp.shared_experts (pack-quantized like the experts, I = 2 x 64): weight 1 for every token
   TempDir dir;
-  CtSpec spec;
-  family("DeepSeekV3").ct(spec);
+  CtSpec spec = family("DeepSeekV3").ct.value();
   spec.shards = 2;
   spec.shared = "shared_experts";
   CtModel c = make_ct(spec);
@@ -301,10 +276,7 @@ TEST(CompressedTensors, DeepSeekV3SharedExpertsAddedAsIs) {
   EXPECT_EQ(shared->conversions()[0].tensor, "model.layers.1.mlp.shared_experts.gate_proj");
   EXPECT_EQ(shared->conversions()[0].source, "pack-quantized int4 g32, BF16 scales");
   const Loaded w = load_all(*shared);
-  EXPECT_EQ(w.w13, c.shared[1].w13);
-  EXPECT_EQ(w.w2, c.shared[1].w2);
-  EXPECT_EQ(bits16(w.w13_scale_bytes), bf16_of(c.shared[1].w13_s));
-  EXPECT_EQ(bits16(w.w2_scale_bytes), bf16_of(c.shared[1].w2_s));
+  expect_as_written(w, c.shared[1]);
   check_shared(dir / "ckpt", 1, {});
 }
 
@@ -340,11 +312,25 @@ class CtMalformed : public ::testing::Test {
     }
     return m;
   }
+  // Edits: tensor `name` removed, or (re)written as `shape` elements that all hold `value`.
+  static std::function<void(CtModel&)> erased(const std::string& name) {
+    return [name](CtModel& c) { c.writer.tensors.erase(name); };
+  }
+  template <class T>
+  static std::function<void(CtModel&)> filled(const std::string& name, DType dtype,
+                                              const std::vector<int64_t>& shape, T value) {
+    return [=](CtModel& c) {
+      int64_t n = 1;
+      for (const int64_t d : shape) n *= d;
+      c.writer.add(name, dtype, shape, std::vector<T>(static_cast<size_t>(n), value));
+    };
+  }
+  // The weights entry of the checkpoint's one quantization config group.
+  static json& group_weights(CtModel& c) {
+    return c.writer.config["quantization_config"]["config_groups"]["group_0"]["weights"];
+  }
   CtModel base(const std::string& scheme = "packed") {
-    CtSpec spec;
-    spec.scheme = scheme;
-    spec.layers = 1;
-    spec.E = 4;
+    CtSpec spec{.scheme = scheme, .E = 4, .layers = 1};
     return make_ct(spec);
   }
   TempDir dir_;
@@ -375,27 +361,15 @@ TEST_F(CtMalformed, ConfigProblems) {
   std::filesystem::remove(folder + "/model.safetensors.index.json");
   EXPECT_THAT(error_of([&] { io::open_layer(folder, 0, {}); }),
               HasSubstr("neither model.safetensors nor model.safetensors.index.json"));
-  EXPECT_THAT(error(base(),
-                    [](CtModel& c) {
-                      c.writer.config["quantization_config"]["config_groups"]["group_0"]["weights"]
-                                     ["symmetric"] = false;
-                    }),
+  EXPECT_THAT(error(base(), [](CtModel& c) { group_weights(c)["symmetric"] = false; }),
               HasSubstr("asymmetric weights (a zero point) are not supported"));
-  EXPECT_THAT(error(base(),
-                    [](CtModel& c) {
-                      c.writer.config["quantization_config"]["config_groups"]["group_0"]["weights"]
-                                     ["num_bits"] = 8;
-                    }),
+  EXPECT_THAT(error(base(), [](CtModel& c) { group_weights(c)["num_bits"] = 8; }),
               HasSubstr("weights num_bits must be 4, got 8"));
   EXPECT_THAT(
       error(base(),
             [](CtModel& c) { c.writer.config["quantization_config"]["quant_method"] = "gptq"; }),
       HasSubstr("quant_method \"gptq\""));
-  EXPECT_THAT(error(base(),
-                    [](CtModel& c) {
-                      c.writer.config["quantization_config"]["config_groups"]["group_0"]["weights"]
-                                     ["group_size"] = 64;
-                    }),
+  EXPECT_THAT(error(base(), [](CtModel& c) { group_weights(c)["group_size"] = 64; }),
               HasSubstr("says group_size 64 but tensor"));
   EXPECT_THAT(error(base(),
                     [](CtModel& c) {
@@ -435,7 +409,7 @@ TEST_F(CtMalformed, ConfigProblems) {
 
 TEST_F(CtMalformed, TensorProblems) {
   const std::string p = "model.layers.0.mlp.experts.3.down_proj.";
-  EXPECT_THAT(error(base(), [&](CtModel& c) { c.writer.tensors.erase(p + "weight_packed"); }),
+  EXPECT_THAT(error(base(), erased(p + "weight_packed")),
               HasSubstr("tensor '" + p + "weight_packed' is missing"));
   EXPECT_THAT(
       error(base(),
@@ -443,24 +417,12 @@ TEST_F(CtMalformed, TensorProblems) {
               c.writer.add(p + "weight_shape", DType::i64, {2}, std::vector<int64_t>{64, 32});
             }),
       HasSubstr("tensor '" + p + "weight_shape' says [64, 32], expected [64, 64]"));
-  EXPECT_THAT(
-      error(
-          base(),
-          [&](CtModel& c) {
-            c.writer.add(p + "weight_zero_point", DType::i32, {64, 1}, std::vector<int32_t>(64, 0));
-          }),
-      HasSubstr("weight_zero_point' exists: asymmetric weights"));
-  EXPECT_THAT(error(base(),
-                    [&](CtModel& c) {
-                      c.writer.add(p + "weight_scale", DType::bf16, {64, 1},
-                                   std::vector<uint16_t>(64, 0x3f80));
-                    }),
+  EXPECT_THAT(error(base(), filled(p + "weight_zero_point", DType::i32, {64, 1}, int32_t{0})),
+              HasSubstr("weight_zero_point' exists: asymmetric weights"));
+  EXPECT_THAT(error(base(), filled(p + "weight_scale", DType::bf16, {64, 1}, uint16_t{0x3f80})),
               HasSubstr("tensor '" + p + "weight_scale' must be float [64, 2], got BF16 [64, 1]"));
-  EXPECT_THAT(error(base(),
-                    [&](CtModel& c) {
-                      c.writer.add("model.layers.0.mlp.experts.0.down_proj.weight_scale",
-                                   DType::bf16, {64, 1}, std::vector<uint16_t>(64, 0x3f80));
-                    }),
+  EXPECT_THAT(error(base(), filled("model.layers.0.mlp.experts.0.down_proj.weight_scale",
+                                   DType::bf16, {64, 1}, uint16_t{0x3f80})),
               HasSubstr("implies group size -1"));
   EXPECT_THAT(error(base("int"),
                     [&](CtModel& c) {
@@ -469,15 +431,13 @@ TEST_F(CtMalformed, TensorProblems) {
                       c.writer.add(p + "weight", DType::i8, {64, 64}, v);
                     }),
               HasSubstr("tensor '" + p + "weight' holds 9 at [0, 5], outside int4 [-8, 7]"));
-  EXPECT_THAT(
-      error(base(), [&](CtModel& c) { c.writer.tensors.erase("model.layers.0.mlp.gate.weight"); }),
-      HasSubstr("tensor 'model.layers.0.mlp.gate.weight' (the router) is missing"));
+  EXPECT_THAT(error(base(), erased("model.layers.0.mlp.gate.weight")),
+              HasSubstr("tensor 'model.layers.0.mlp.gate.weight' (the router) is missing"));
 }
 
 TEST_F(CtMalformed, FusedAndSharedExpertProblems) {
   const auto fused = [](const std::string& type) {
-    CtSpec spec;
-    family("GptOss").ct(spec);
+    CtSpec spec = family("GptOss").ct.value();
     spec.fused = type;
     spec.router_bias = false;
     spec.H = spec.I = 64;
@@ -495,30 +455,19 @@ TEST_F(CtMalformed, FusedAndSharedExpertProblems) {
               HasSubstr("tensor '" + p +
                         "gate_up_proj' must be F32, BF16 or F16 [4, 64, 64] (config.json: H 64, I "
                         "32, E 4), got BF16 [4, 64, 128]"));
-  EXPECT_THAT(error(fused("bf16"),
-                    [&](CtModel& c) {
-                      c.writer.add(p + "down_proj", DType::i8, {4, 64, 64},
-                                   std::vector<int8_t>(4 * 64 * 64, 1));
-                    }),
+  EXPECT_THAT(error(fused("bf16"), filled(p + "down_proj", DType::i8, {4, 64, 64}, int8_t{1})),
               HasSubstr("tensor '" + p + "down_proj' must be F32, BF16 or F16 [4, 64, 64]"));
-  EXPECT_THAT(
-      error(fused("bf16"), [&](CtModel& c) { c.writer.tensors.erase(p + "down_proj_bias"); }),
-      HasSubstr("tensor '" + p +
-                "down_proj_bias' is missing (the experts have biases for one projection "
-                "only)"));
-  EXPECT_THAT(error(fused("mxfp4"),
-                    [&](CtModel& c) {
-                      c.writer.add(p + "down_proj_scales", DType::u8, {4, 64, 1},
-                                   std::vector<uint8_t>(4 * 64, 127));
-                    }),
+  EXPECT_THAT(error(fused("bf16"), erased(p + "down_proj_bias")),
               HasSubstr("tensor '" + p +
-                        "down_proj_scales' must be U8 [4, 64, 2] (config.json: H 64, I 64, E 4), "
-                        "got U8 [4, 64, 1]"));
+                        "down_proj_bias' is missing (the experts have biases for one projection "
+                        "only)"));
+  EXPECT_THAT(
+      error(fused("mxfp4"), filled(p + "down_proj_scales", DType::u8, {4, 64, 1}, uint8_t{127})),
+      HasSubstr("tensor '" + p +
+                "down_proj_scales' must be U8 [4, 64, 2] (config.json: H 64, I 64, E 4), "
+                "got U8 [4, 64, 1]"));
   EXPECT_THAT(error(fused("mxfp4"),
-                    [&](CtModel& c) {
-                      c.writer.add(p + "gate_up_proj_scales", DType::u8, {4, 128, 2},
-                                   std::vector<uint8_t>(4 * 128 * 2, 255));
-                    }),
+                    filled(p + "gate_up_proj_scales", DType::u8, {4, 128, 2}, uint8_t{255})),
               HasSubstr("gate_up_proj_blocks (gate, interleaved)' expert 0 row 0: w: expected "
                         "finite values"));
   // the shared expert
@@ -530,12 +479,11 @@ TEST_F(CtMalformed, FusedAndSharedExpertProblems) {
               HasSubstr("layer 0 has no shared expert (neither "
                         "'model.layers.0.mlp.shared_experts.gate_proj.weight' nor "
                         "'model.layers.0.mlp.shared_expert.gate_proj.weight' exists)"));
-  CtSpec spec;
-  spec.model_type = "qwen2_moe";
-  spec.layers = 1;
-  spec.E = 4;
-  spec.shared = "shared_expert";
-  spec.shared_gate = true;
+  CtSpec spec{.model_type = "qwen2_moe",
+              .E = 4,
+              .layers = 1,
+              .shared = "shared_expert",
+              .shared_gate = true};
   CtModel q = make_ct(spec);
   q.writer.config["shared_expert_intermediate_size"] = 64;
   q.writer.add("model.layers.0.mlp.shared_expert_gate.weight", DType::bf16, {2, 64},

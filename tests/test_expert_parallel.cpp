@@ -174,13 +174,8 @@ std::vector<EpCase> ep_cases() {
   auto add = [&](CaseSpec s, std::initializer_list<int64_t> ranks) {
     for (int64_t n : ranks) out.push_back({s, n});
   };
-  CaseSpec base;
-  base.tokens = 24;
-  base.hidden = 256;
-  base.inter = 128;
-  base.experts = 8;
-  base.top_k = 2;
-  base.group_size = 64;
+  CaseSpec base{
+      .tokens = 24, .hidden = 256, .inter = 128, .experts = 8, .top_k = 2, .group_size = 64};
   add(base, {1, 2, 4});
   CaseSpec uneven = base;  // E = 10 over 4 processes: shares 3, 3, 2, 2
   uneven.experts = 10;
@@ -270,10 +265,7 @@ TEST_P(ExpertParallel, BothWaysMatchOneProcess) {
 INSTANTIATE_TEST_SUITE_P(Cases, ExpertParallel, testing::ValuesIn(ep_cases()), name_of);
 
 TEST(ExpertParallel, TokenWithAllExpertsElsewhereGetsZeros) {
-  CaseSpec s;
-  s.tokens = 4;
-  s.experts = 4;
-  s.top_k = 1;
+  CaseSpec s{.tokens = 4, .experts = 4, .top_k = 1};
   const Case c = moe_test::make_case(s);
   w4a8moe::Context context(2);
   // experts {0, 1} here: a token routed to 2 or 3 has nothing local
@@ -302,11 +294,7 @@ TEST(ExpertParallel, TokenWithAllExpertsElsewhereGetsZeros) {
 }
 
 TEST(ExpertParallel, NonContiguousMap) {
-  CaseSpec s;
-  s.tokens = 16;
-  s.experts = 6;
-  s.top_k = 2;
-  s.group_size = 32;
+  CaseSpec s{.tokens = 16, .experts = 6, .top_k = 2, .group_size = 32};
   const Case c = moe_test::make_case(s);
   w4a8moe::Context context(2);
   // process 0 holds 5, 0, 3 (in that local order); process 1 holds 1, 4, 2
@@ -391,10 +379,7 @@ TEST(ExpertParallel, LocalForwardChecksTheShard) {
 
 TEST(ExpertParallel, DispatchChecksWhatItReceives) {
   using moe_test::throws_error;
-  CaseSpec s;
-  s.tokens = 6;
-  s.experts = 4;
-  s.top_k = 2;
+  CaseSpec s{.tokens = 6, .experts = 4, .top_k = 2};
   const Case c = moe_test::make_case(s);
   w4a8moe::Context context(1);
   const std::vector<ExpertShard> shards = even_shards(4, 2);

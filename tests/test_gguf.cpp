@@ -238,10 +238,7 @@ TEST(Gguf, ConvertedTypesStayWithinOneQuantizationStep) {
        {kTF32, kTF16, kTBF16, kTQ8_0, kTQ4_1, kTQ5_0, kTQ4_K, kTQ5_K, kTQ6_K, kTMXFP4}) {
     SCOPED_TRACE(io::ggml_type_label(type));
     TempDir dir;
-    GgufSpec spec;
-    spec.layers = 1;
-    spec.H = spec.I = 256;
-    spec.E = 2;
+    GgufSpec spec{.layers = 1, .H = 256, .I = 256, .E = 2};
     spec.types[0] = spec.types[1] = spec.types[2] = type;
     GgufModel g = make_gguf(spec);
     g.writer.write(dir / "m.gguf");
@@ -281,14 +278,10 @@ TEST(Gguf, ConvertedTypesStayWithinOneQuantizationStep) {
 
 TEST(Gguf, RefusesConversionsWhenExactIsRequiredAndTypesItCannotConvert) {
   TempDir dir;
-  GgufSpec spec;
-  spec.layers = 1;
-  spec.H = spec.I = 256;
+  GgufSpec spec{.layers = 1, .H = 256, .I = 256};
   spec.types[2] = kTQ8_0;
   make_gguf(spec).writer.write(dir / "q8.gguf");
-  io::LoadOptions exact;
-  exact.require_exact = true;
-  EXPECT_THAT(error_of([&] { io::open_layer(dir / "q8.gguf", 0, exact); }),
+  EXPECT_THAT(exact_error(dir / "q8.gguf", 0),
               HasSubstr("tensor 'blk.0.ffn_down_exps.weight' has type Q8_0, which does not map "
                         "exactly onto int4"));
   spec.types[2] = kTIQ2_XXS;
@@ -306,10 +299,7 @@ class GgufFamily : public ::testing::TestWithParam<FamilyRow> {};
 TEST_P(GgufFamily, LayerRoutesAndRunsAsTheModel) {
   const FamilyRow& row = GetParam();
   TempDir dir;
-  const GgufModel g = family_gguf(row);
-  g.writer.write(dir / "m.gguf");
-  check_family(dir / "m.gguf", static_cast<int>(g.layers.size()) - 1, row, row.gguf_check,
-               g.layers);
+  write_and_check_family(family_gguf(row), dir / "m.gguf", row, row.gguf_check);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, GgufFamily, ::testing::ValuesIn(gguf_families()),
@@ -381,15 +371,8 @@ TEST(Gguf, Qwen2MoeSharedExpertWithItsGate) {
 TEST(Gguf, DeepSeek2SharedExpertConvertedAndAddedAsIs) {
   // no gate: weight 1 for every token; Q8_0 / F16 / BF16 tensors converted with their error
   TempDir dir;
-  GgufSpec spec;
-  spec.arch = "deepseek2";
-  spec.layers = 1;
-  spec.H = 64;
-  spec.I = 64;
-  spec.E = 8;
-  spec.K = 2;
+  GgufSpec spec{.arch = "deepseek2", .layers = 1, .H = 64, .I = 64, .E = 8, .K = 2, .Is = 128};
   spec.shared_expert = true;
-  spec.Is = 128;
   spec.shared_types[0] = kTQ8_0;
   spec.shared_types[1] = kTF16;
   spec.shared_types[2] = kTBF16;
@@ -421,19 +404,14 @@ TEST(Gguf, DeepSeek2SharedExpertConvertedAndAddedAsIs) {
         << which;
   }
   check_shared(dir / "ds.gguf", 0, {});
-  io::LoadOptions exact = options;
-  exact.require_exact = true;
-  EXPECT_THAT(error_of([&] { io::open_layer(dir / "ds.gguf", 0, exact); }),
+  EXPECT_THAT(exact_error(dir / "ds.gguf", 0, options),
               HasSubstr("tensor 'blk.0.ffn_gate_shexp.weight' has type Q8_0, which does not map "
                         "exactly onto int4"));
 }
 
 TEST(Gguf, SharedExpertMissingOrMalformed) {
   TempDir dir;
-  GgufSpec spec;
-  spec.layers = 1;
-  spec.H = spec.I = 64;
-  spec.E = 4;
+  GgufSpec spec{.layers = 1, .H = 64, .I = 64, .E = 4};
   io::LoadOptions options;
   options.shared_expert = true;
   make_gguf(spec).writer.write(dir / "none.gguf");
@@ -486,10 +464,7 @@ TEST(Gguf, SplitModel) {
 class GgufMalformed : public ::testing::Test {
  protected:
   void SetUp() override {
-    GgufSpec spec;
-    spec.layers = 1;
-    spec.H = spec.I = 32;
-    spec.E = 4;
+    GgufSpec spec{.layers = 1, .H = 32, .I = 32, .E = 4};
     model_ = make_gguf(spec);
     bytes_ = model_.writer.serialize(&layout_);
   }
@@ -652,10 +627,7 @@ TEST_F(GgufMalformed, DuplicatesAndAlignment) {
 
 TEST_F(GgufMalformed, MissingTensorsAndMetadata) {
   TempDir dir;
-  GgufSpec spec;
-  spec.layers = 1;
-  spec.H = spec.I = 32;
-  spec.E = 4;
+  GgufSpec spec{.layers = 1, .H = 32, .I = 32, .E = 4};
   const auto layer_error = [&](const GgufSpec& s) {
     return open_error(make_gguf(s).writer.serialize(), true);
   };

@@ -129,6 +129,30 @@ std::vector<float> random_row(std::mt19937& rng, int64_t n, int kind) {
   return a;
 }
 
+// One expert's weights for a GEMM test: int4 values [rows, cols], -8 at the multiples of `at_min`
+// and 7 at the other multiples of `at_max`; scales [rows, groups] in [0.5, 1.5) / cols; biases
+// [rows] in [-0.5, 0.5).
+struct GemmWeights {
+  int64_t groups;
+  std::vector<int8_t> w;
+  std::vector<float> s, bias;
+};
+GemmWeights random_gemm_weights(std::mt19937& rng, int64_t rows, int64_t cols, int group,
+                                size_t at_min, size_t at_max) {
+  std::uniform_int_distribution<int> wi(-8, 7);
+  std::uniform_real_distribution<float> sd(0.5f, 1.5f);
+  GemmWeights out;
+  out.groups = group < 0 ? 1 : cols / group;
+  out.w.resize(static_cast<size_t>(rows * cols));
+  for (size_t i = 0; i < out.w.size(); ++i)
+    out.w[i] = static_cast<int8_t>(i % at_min == 0 ? -8 : (i % at_max == 0 ? 7 : wi(rng)));
+  out.s.resize(static_cast<size_t>(rows * out.groups));
+  out.bias.resize(static_cast<size_t>(rows));
+  for (auto& v : out.s) v = sd(rng) / static_cast<float>(cols);
+  for (auto& v : out.bias) v = sd(rng) - 1.0f;
+  return out;
+}
+
 TEST_P(KernelQuantize, MatchesThePortableQuantizerExactly) {
   std::mt19937 rng(11);
   const KernelSet& portable = detail::kernel_table().back();  // the table ends with it
@@ -202,20 +226,12 @@ TEST_P(KernelGemm, MatchesTheFormulaAroundTileEdges) {
       {33, 96, 96, false},   {64, 256, 256, false}, {100, 200, -1, false}, {6, 64, 32, true},
       {34, 64, -1, true},    {48, 2048, 64, true},
   };
-  std::uniform_int_distribution<int> wi(-8, 7);
-  std::uniform_real_distribution<float> sd(0.5f, 1.5f);
   const KernelSet* set = GetParam();
   for (const GemmCase& c : cases) {
     SCOPED_TRACE(std::string(set->name) + " rows " + std::to_string(c.rows) + " cols " +
                  std::to_string(c.cols) + " group " + std::to_string(c.group) +
                  (c.w13 ? " w13" : " w2"));
-    const int64_t groups = c.group < 0 ? 1 : c.cols / c.group;
-    std::vector<int8_t> w(static_cast<size_t>(c.rows * c.cols));
-    for (size_t i = 0; i < w.size(); ++i)
-      w[i] = static_cast<int8_t>(i % 97 == 0 ? -8 : (i % 89 == 0 ? 7 : wi(rng)));
-    std::vector<float> s(static_cast<size_t>(c.rows * groups)), bias(static_cast<size_t>(c.rows));
-    for (auto& v : s) v = sd(rng) / static_cast<float>(c.cols);
-    for (auto& v : bias) v = sd(rng) - 1.0f;
+    auto [groups, w, s, bias] = random_gemm_weights(rng, c.rows, c.cols, c.group, 97, 89);
     PackOptions po;
     po.group_size = c.group;
     po.kernel_set = set->name;
@@ -411,8 +427,6 @@ TEST_P(KernelGemm, IntegerSumsAreExactAtTheExtremes) {
 // multiple of 64, a last panel that is partial, biases and every scale dtype.
 void check_tile_gemm(detail::GemmFn tiles, const char* backend) {
   std::mt19937 rng(23);
-  std::uniform_int_distribution<int> wi(-8, 7);
-  std::uniform_real_distribution<float> sd(0.5f, 1.5f);
   struct Shape {
     int64_t rows, cols;
     int group;
@@ -429,13 +443,7 @@ void check_tile_gemm(detail::GemmFn tiles, const char* backend) {
   for (const Shape& sh : shapes) {
     SCOPED_TRACE(std::string(backend) + " rows " + std::to_string(sh.rows) + " cols " +
                  std::to_string(sh.cols) + " group " + std::to_string(sh.group));
-    const int64_t groups = sh.group < 0 ? 1 : sh.cols / sh.group;
-    std::vector<int8_t> w(static_cast<size_t>(sh.rows * sh.cols));
-    for (size_t i = 0; i < w.size(); ++i)
-      w[i] = static_cast<int8_t>(i % 53 == 0 ? -8 : (i % 59 == 0 ? 7 : wi(rng)));
-    std::vector<float> s(static_cast<size_t>(sh.rows * groups)), bias(static_cast<size_t>(sh.rows));
-    for (auto& v : s) v = sd(rng) / static_cast<float>(sh.cols);
-    for (auto& v : bias) v = sd(rng) - 1.0f;
+    auto [groups, w, s, bias] = random_gemm_weights(rng, sh.rows, sh.cols, sh.group, 53, 59);
     std::vector<uint16_t> s16(s.size());
     for (size_t i = 0; i < s.size(); ++i) {
       if (sh.scales == DType::bf16) s16[i] = detail::f32_to_bf16(s[i]);

@@ -66,11 +66,7 @@ class LayerCli : public ::testing::Test {
 };
 
 TEST_F(LayerCli, GgufLayerOutputIsForwardsBitForBit) {
-  GgufSpec spec;
-  spec.H = 128;
-  spec.I = 64;
-  spec.E = 16;
-  spec.K = 4;
+  GgufSpec spec{.H = 128, .I = 64, .E = 16, .K = 4};
   make_gguf(spec).writer.write(dir_ / "qwen.gguf");
   // bf16 hidden states from a file
   const int64_t T = 7, H = spec.H, E = spec.E, K = spec.K;
@@ -212,8 +208,7 @@ TEST_F(LayerCli, ConvertedWeightsReportTheirErrorOrAreRefused) {
 }
 
 TEST_F(LayerCli, CompressedTensorsFolder) {
-  CtSpec spec;
-  family("DeepSeekV3").ct(spec);
+  CtSpec spec = family("DeepSeekV3").ct.value();
   spec.shards = 2;
   CtModel c = make_ct(spec);
   family("DeepSeekV3").config(c.writer.config);
@@ -237,10 +232,7 @@ TEST_F(LayerCli, LoadingStreams) {
   // One layer of 32 BF16 experts: 48 MiB in the file, 15 MiB packed. The loader maps the file and
   // releases each expert's pages once packed: the process never holds the tensors (without the
   // release, the peak would be about 85 MiB).
-  GgufSpec spec;
-  spec.layers = 1;
-  spec.H = spec.I = 512;
-  spec.E = 32;
+  GgufSpec spec{.layers = 1, .H = 512, .I = 512, .E = 32};
   spec.types[0] = spec.types[1] = spec.types[2] = kTBF16;
   make_gguf(spec).writer.write(dir_ / "big.gguf");
   const double file_mib =
@@ -253,14 +245,8 @@ TEST_F(LayerCli, LoadingStreams) {
 TEST_F(LayerCli, SharedExpertIsIncludedOnlyWhenAsked) {
   // Qwen2-MoE: routed experts plus the shared expert scaled by sigmoid(x . gate); both parts run
   // in f32 on the bf16 input and their sum is rounded once to bf16
-  GgufSpec spec;
-  spec.arch = "qwen2moe";
-  spec.H = 64;
-  spec.I = 64;
-  spec.E = 8;
-  spec.K = 2;
+  GgufSpec spec{.arch = "qwen2moe", .H = 64, .I = 64, .E = 8, .K = 2, .Is = 128};
   spec.shared_expert = spec.shared_gate = true;
-  spec.Is = 128;
   make_gguf(spec).writer.write(dir_ / "q2.gguf");
   const int64_t T = 5, H = spec.H, K = spec.K;
   std::vector<float> x = random_x(T, H, 9);
@@ -331,8 +317,7 @@ TEST_F(LayerCli, SharedExpertIsIncludedOnlyWhenAsked) {
 
 TEST_F(LayerCli, FusedExpertsAndSharedExpertOfAHuggingFaceFolder) {
   // Llama-4 as transformers saves it: fused bf16 experts (converted), the shared expert
-  CtSpec spec;
-  family("Llama4").ct(spec);
+  CtSpec spec = family("Llama4").ct.value();
   spec.fused = "bf16";
   spec.shared = "shared_expert";
   spec.Is = 64;
@@ -350,8 +335,7 @@ TEST_F(LayerCli, FusedExpertsAndSharedExpertOfAHuggingFaceFolder) {
                                "down_proj: BF16 -> int4 g32 (converted)"));
   EXPECT_THAT(r.out, HasSubstr("compare: relative RMS error "));
   // gpt-oss's MXFP4 experts, --exact refuses them
-  CtSpec oss;
-  family("GptOss").ct(oss);
+  CtSpec oss = family("GptOss").ct.value();
   oss.fused = "mxfp4";
   oss.H = oss.I = 64;
   oss.E = 4;
@@ -374,14 +358,9 @@ TEST_F(LayerCli, LoadingHuggingFaceFoldersStreams) {
   // are released once packed (for fused tensors, the expert's part of each)
   for (const char* fused : {"bf16", ""}) {
     SCOPED_TRACE(*fused ? "fused" : "per expert");
-    CtSpec spec;
-    spec.model_type = "llama4";
-    spec.fused = fused;
-    spec.scheme = "bf16";
+    CtSpec spec{.model_type = "llama4", .scheme = "bf16", .H = 512, .I = 512, .E = 32, .K = 1};
     spec.layers = 1;
-    spec.H = spec.I = 512;
-    spec.E = 32;
-    spec.K = 1;
+    spec.fused = fused;
     const std::string folder = dir_ / (*fused ? "fused" : "experts");
     make_ct(spec).writer.write(folder);
     expect_streams({"--model", folder});

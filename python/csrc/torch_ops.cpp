@@ -300,66 +300,74 @@ LogicalShape check_weight_shapes(const Tensor& w13, const Tensor& w2) {
   return s;
 }
 
-std::tuple<Tensor, Tensor> pack_ex_cpu(const Tensor& w13_weight, const Tensor& w2_weight,
-                                       const Tensor& w13_weight_scale,
-                                       const Tensor& w2_weight_scale, int64_t group_size,
-                                       const c10::optional<Tensor>& w13_bias,
-                                       const c10::optional<Tensor>& w2_bias,
-                                       std::string gate_up_layout, std::string scale_storage,
-                                       std::string kernel_set) {
+// The arguments of the _ex op, the weights' shapes checked and the pack options built.
+struct PackArgs {
+  const Tensor& w13_weight;
+  const Tensor& w2_weight;
+  const Tensor& w13_weight_scale;
+  const Tensor& w2_weight_scale;
+  const c10::optional<Tensor>& w13_bias;
+  const c10::optional<Tensor>& w2_bias;
+  LogicalShape shape;
+  w4a8moe::PackOptions options;
+};
+
+// The _ex op; `Pack` packs (CPU) or gives the packed sizes (meta).
+template <std::tuple<Tensor, Tensor> (*Pack)(const PackArgs&)>
+std::tuple<Tensor, Tensor> pack_ex(const Tensor& w13_weight, const Tensor& w2_weight,
+                                   const Tensor& w13_weight_scale, const Tensor& w2_weight_scale,
+                                   int64_t group_size, const c10::optional<Tensor>& w13_bias,
+                                   const c10::optional<Tensor>& w2_bias, std::string gate_up_layout,
+                                   std::string scale_storage, std::string kernel_set) {
   return translate_errors([&] {
-    check_weight_shapes(w13_weight, w2_weight);
-    const auto options = pack_options(group_size, gate_up_layout, scale_storage, kernel_set);
-    // Views of contiguous copies (no copy when already contiguous), alive until packing ends.
-    std::vector<Tensor> keep;
-    auto view = [&](const Tensor& t, const char* name) {
-      keep.push_back(t.contiguous());
-      return view_of(keep.back(), name);
-    };
-    auto optional_view = [&](const c10::optional<Tensor>& t, const char* name) {
-      return t.has_value() && t->defined() ? view(*t, name) : w4a8moe::TensorView{};
-    };
-    keep.reserve(6);
-    const auto w13 = view(w13_weight, "w13_weight");
-    const auto s13 = view(w13_weight_scale, "w13_weight_scale");
-    const auto b13 = optional_view(w13_bias, "w13_bias");
-    const auto w2 = view(w2_weight, "w2_weight");
-    const auto s2 = view(w2_weight_scale, "w2_weight_scale");
-    const auto b2 = optional_view(w2_bias, "w2_bias");
-    Tensor p13 = to_tensor(w4a8moe::pack_w13(w13, s13, b13, options));
-    w4a8moe::PackOptions w2_options = options;
-    w2_options.gate_up_layout = w4a8moe::GateUpLayout::halves;
-    Tensor p2 = to_tensor(w4a8moe::pack_w2(w2, s2, b2, w2_options));
-    return std::make_tuple(p13, p2);
+    const LogicalShape s = check_weight_shapes(w13_weight, w2_weight);
+    return Pack(PackArgs{w13_weight, w2_weight, w13_weight_scale, w2_weight_scale, w13_bias,
+                         w2_bias, s,
+                         pack_options(group_size, gate_up_layout, scale_storage, kernel_set)});
   });
 }
 
+std::tuple<Tensor, Tensor> pack_on_cpu(const PackArgs& a) {
+  // Views of contiguous copies (no copy when already contiguous), alive until packing ends.
+  std::vector<Tensor> keep;
+  auto view = [&](const Tensor& t, const char* name) {
+    keep.push_back(t.contiguous());
+    return view_of(keep.back(), name);
+  };
+  auto optional_view = [&](const c10::optional<Tensor>& t, const char* name) {
+    return t.has_value() && t->defined() ? view(*t, name) : w4a8moe::TensorView{};
+  };
+  keep.reserve(6);
+  const auto w13 = view(a.w13_weight, "w13_weight");
+  const auto s13 = view(a.w13_weight_scale, "w13_weight_scale");
+  const auto b13 = optional_view(a.w13_bias, "w13_bias");
+  const auto w2 = view(a.w2_weight, "w2_weight");
+  const auto s2 = view(a.w2_weight_scale, "w2_weight_scale");
+  const auto b2 = optional_view(a.w2_bias, "w2_bias");
+  Tensor p13 = to_tensor(w4a8moe::pack_w13(w13, s13, b13, a.options));
+  w4a8moe::PackOptions w2_options = a.options;
+  w2_options.gate_up_layout = w4a8moe::GateUpLayout::halves;
+  Tensor p2 = to_tensor(w4a8moe::pack_w2(w2, s2, b2, w2_options));
+  return std::make_tuple(p13, p2);
+}
+
 // The packed sizes from shapes and dtypes alone.
-std::tuple<Tensor, Tensor> pack_ex_meta(const Tensor& w13_weight, const Tensor& w2_weight,
-                                        const Tensor& w13_weight_scale,
-                                        const Tensor& w2_weight_scale, int64_t group_size,
-                                        const c10::optional<Tensor>& w13_bias,
-                                        const c10::optional<Tensor>& w2_bias,
-                                        std::string gate_up_layout, std::string scale_storage,
-                                        std::string kernel_set) {
-  return translate_errors([&] {
-    const LogicalShape s = check_weight_shapes(w13_weight, w2_weight);
-    const auto options = pack_options(group_size, gate_up_layout, scale_storage, kernel_set);
-    auto bytes = [&](w4a8moe::WeightRole role, int64_t rows, int64_t cols, const Tensor& scale,
-                     const c10::optional<Tensor>& bias, const char* name) {
-      const DType given = to_dtype(scale.scalar_type(), name);
-      const bool has_bias = bias.has_value() && bias->defined();
-      return static_cast<int64_t>(
-          w4a8moe::packed_size(role, s.experts, rows, cols, given, has_bias, options, name));
-    };
-    const auto o = w13_weight.options().dtype(at::kByte);
-    return std::make_tuple(at::empty({bytes(w4a8moe::WeightRole::w13, 2 * s.inter, s.hidden,
-                                            w13_weight_scale, w13_bias, "w13_weight_scale")},
-                                     o),
-                           at::empty({bytes(w4a8moe::WeightRole::w2, s.hidden, s.inter,
-                                            w2_weight_scale, w2_bias, "w2_weight_scale")},
-                                     o));
-  });
+std::tuple<Tensor, Tensor> packed_sizes(const PackArgs& a) {
+  const LogicalShape& s = a.shape;
+  auto bytes = [&](w4a8moe::WeightRole role, int64_t rows, int64_t cols, const Tensor& scale,
+                   const c10::optional<Tensor>& bias, const char* name) {
+    const DType given = to_dtype(scale.scalar_type(), name);
+    const bool has_bias = bias.has_value() && bias->defined();
+    return static_cast<int64_t>(
+        w4a8moe::packed_size(role, s.experts, rows, cols, given, has_bias, a.options, name));
+  };
+  const auto o = a.w13_weight.options().dtype(at::kByte);
+  return std::make_tuple(at::empty({bytes(w4a8moe::WeightRole::w13, 2 * s.inter, s.hidden,
+                                          a.w13_weight_scale, a.w13_bias, "w13_weight_scale")},
+                                   o),
+                         at::empty({bytes(w4a8moe::WeightRole::w2, s.hidden, s.inter,
+                                          a.w2_weight_scale, a.w2_bias, "w2_weight_scale")},
+                                   o));
 }
 
 // The original op's schema (convert_to_w4a8_int8_moe_format): the _ex op with halves, the scales
@@ -496,7 +504,8 @@ TORCH_LIBRARY(w4a8moe, m) {
 
 TORCH_LIBRARY_IMPL(w4a8moe, CPU, m) {
   w4a8moe_torch::impl_forward_ops<&w4a8moe_torch::moe_ex_cpu>(m);
-  w4a8moe_torch::impl_packing_ops<&w4a8moe_torch::pack_ex_cpu, &w4a8moe_torch::packed_info_cpu>(m);
+  w4a8moe_torch::impl_packing_ops<&w4a8moe_torch::pack_ex<&w4a8moe_torch::pack_on_cpu>,
+                                  &w4a8moe_torch::packed_info_cpu>(m);
 }
 
 // The forward ops' shape functions: here for torch 1.x; torch 2 gets them from Python
@@ -510,8 +519,8 @@ TORCH_LIBRARY_IMPL(w4a8moe, Meta, m) {
 #endif
 
 TORCH_LIBRARY_IMPL(w4a8moe, Meta, m) {
-  w4a8moe_torch::impl_packing_ops<&w4a8moe_torch::pack_ex_meta, &w4a8moe_torch::packed_info_meta>(
-      m);
+  w4a8moe_torch::impl_packing_ops<&w4a8moe_torch::pack_ex<&w4a8moe_torch::packed_sizes>,
+                                  &w4a8moe_torch::packed_info_meta>(m);
 }
 
 // The ops have no derivative. Torch 1.13 has no fallthrough for AutogradMeta (it has one for

@@ -131,6 +131,19 @@ def q4_0_values_and_scales(blocks, rows_shape, cols):
             torch.from_numpy(d.reshape(*rows_shape, cols // 32).copy()))
 
 
+def write_qwen3moe_layer(path, router, q_gate, q_up, down, K, I):
+    """A one-layer qwen3moe file: the f32 router [E, H], gate and up in Q4_0, down = (its blocks,
+    its type), top-k K, expert intermediate size I."""
+    E, H = router.shape
+    write_gguf(path, "qwen3moe", {
+        "blk.0.ffn_gate_inp.weight": (router, None),
+        "blk.0.ffn_gate_exps.weight": (q_gate, Q.Q4_0),
+        "blk.0.ffn_up_exps.weight": (q_up, Q.Q4_0),
+        "blk.0.ffn_down_exps.weight": down,
+    }, kv=[("add_block_count", 1), ("add_expert_count", E), ("add_expert_used_count", K),
+           ("add_embedding_length", H), ("add_expert_feed_forward_length", I)])
+
+
 def test_qwen3moe_layer_written_by_gguf(tmp_path):
     E, K, H, I, T = 8, 2, 256, 128, 24
     rng = np.random.default_rng(11)
@@ -141,13 +154,7 @@ def test_qwen3moe_layer_written_by_gguf(tmp_path):
     q_gate, q_up = quants.quantize(gate, Q.Q4_0), quants.quantize(up, Q.Q4_0)
     q_down = quants.quantize(down, Q.Q8_0)
     path = tmp_path / "qwen3moe.gguf"
-    write_gguf(path, "qwen3moe", {
-        "blk.0.ffn_gate_inp.weight": (router, None),
-        "blk.0.ffn_gate_exps.weight": (q_gate, Q.Q4_0),
-        "blk.0.ffn_up_exps.weight": (q_up, Q.Q4_0),
-        "blk.0.ffn_down_exps.weight": (q_down, Q.Q8_0),
-    }, kv=[("add_block_count", 1), ("add_expert_count", E), ("add_expert_used_count", K),
-           ("add_embedding_length", H), ("add_expert_feed_forward_length", I)])
+    write_qwen3moe_layer(path, router, q_gate, q_up, (q_down, Q.Q8_0), K, I)
 
     x = torch.from_numpy(rng.standard_normal((T, H)).astype(np.float32))
     out, ids, wts, stdout = run_layer(path, x, tmp_path)
@@ -175,13 +182,7 @@ def test_qwen3moe_layer_written_by_gguf(tmp_path):
     # output is the exact reference's (same quantization, double accumulation).
     q_down4 = quants.quantize(down, Q.Q4_0)
     path4 = tmp_path / "exact.gguf"
-    write_gguf(path4, "qwen3moe", {
-        "blk.0.ffn_gate_inp.weight": (router, None),
-        "blk.0.ffn_gate_exps.weight": (q_gate, Q.Q4_0),
-        "blk.0.ffn_up_exps.weight": (q_up, Q.Q4_0),
-        "blk.0.ffn_down_exps.weight": (q_down4, Q.Q4_0),
-    }, kv=[("add_block_count", 1), ("add_expert_count", E), ("add_expert_used_count", K),
-           ("add_embedding_length", H), ("add_expert_feed_forward_length", I)])
+    write_qwen3moe_layer(path4, router, q_gate, q_up, (q_down4, Q.Q4_0), K, I)
     out4, ids4, wts4, _ = run_layer(path4, x, tmp_path, "--exact")
     g, gs = q4_0_values_and_scales(q_gate, (E, I), H)
     u, us = q4_0_values_and_scales(q_up, (E, I), H)

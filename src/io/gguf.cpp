@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <limits>
 
 #include "common/format.hpp"
@@ -30,26 +31,44 @@ std::string printable(std::string_view text) {
   return out;
 }
 
+// One array element of a number type, as a double.
+template <class T>
+double number_at(const uint8_t* e) {
+  T x;
+  std::memcpy(&x, e, sizeof x);
+  return static_cast<double>(x);
+}
+
+// Per value type, in the specification's numbering: its name, the bytes of one scalar (0:
+// strings and arrays, whose size varies) and the reader of an array element (numbers only).
+struct TypeInfo {
+  const char* name;
+  size_t bytes;
+  double (*number)(const uint8_t*);
+};
+constexpr TypeInfo kTypes[] = {{"uint8", 1, number_at<uint8_t>},
+                               {"int8", 1, number_at<int8_t>},
+                               {"uint16", 2, number_at<uint16_t>},
+                               {"int16", 2, number_at<int16_t>},
+                               {"uint32", 4, number_at<uint32_t>},
+                               {"int32", 4, number_at<int32_t>},
+                               {"float32", 4, number_at<float>},
+                               {"bool", 1, nullptr},
+                               {"string", 0, nullptr},
+                               {"array", 0, nullptr},
+                               {"uint64", 8, number_at<uint64_t>},
+                               {"int64", 8, number_at<int64_t>},
+                               {"float64", 8, number_at<double>}};
+static_assert(std::size(kTypes) == static_cast<size_t>(GgufType::f64) + 1);
+
+const TypeInfo* type_info(GgufType t) {
+  const auto i = static_cast<size_t>(t);
+  return i < std::size(kTypes) ? &kTypes[i] : nullptr;
+}
+
 size_t scalar_bytes(GgufType t) {
-  switch (t) {
-    case GgufType::u8:
-    case GgufType::i8:
-    case GgufType::boolean:
-      return 1;
-    case GgufType::u16:
-    case GgufType::i16:
-      return 2;
-    case GgufType::u32:
-    case GgufType::i32:
-    case GgufType::f32:
-      return 4;
-    case GgufType::u64:
-    case GgufType::i64:
-    case GgufType::f64:
-      return 8;
-    default:
-      return 0;  // string, array: variable
-  }
+  const TypeInfo* info = type_info(t);
+  return info == nullptr ? 0 : info->bytes;
 }
 
 bool known_type(uint32_t t) { return t <= static_cast<uint32_t>(GgufType::f64); }
@@ -198,35 +217,8 @@ std::string ne_string(const GgufTensor& t) {
 }  // namespace
 
 const char* gguf_type_name(GgufType type) noexcept {
-  switch (type) {
-    case GgufType::u8:
-      return "uint8";
-    case GgufType::i8:
-      return "int8";
-    case GgufType::u16:
-      return "uint16";
-    case GgufType::i16:
-      return "int16";
-    case GgufType::u32:
-      return "uint32";
-    case GgufType::i32:
-      return "int32";
-    case GgufType::f32:
-      return "float32";
-    case GgufType::boolean:
-      return "bool";
-    case GgufType::string:
-      return "string";
-    case GgufType::array:
-      return "array";
-    case GgufType::u64:
-      return "uint64";
-    case GgufType::i64:
-      return "int64";
-    case GgufType::f64:
-      return "float64";
-  }
-  return "?";
+  const TypeInfo* info = type_info(type);
+  return info == nullptr ? "?" : info->name;
 }
 
 bool GgufValue::is_integer() const noexcept {
@@ -409,69 +401,10 @@ std::optional<std::vector<double>> GgufFile::get_numbers(std::string_view key) c
          cat("metadata '", key, "' must be an array of numbers, got ",
              v->type == GgufType::array ? cat("an array of ", gguf_type_name(v->element_type))
                                         : std::string(gguf_type_name(v->type))));
+  double (*const number)(const uint8_t*) = type_info(v->element_type)->number;
   std::vector<double> out(static_cast<size_t>(v->count));
   const uint8_t* base = file_.data() + v->offset;
-  for (size_t i = 0; i < out.size(); ++i) {
-    const uint8_t* e = base + i * size;
-    switch (v->element_type) {
-      case GgufType::u8:
-        out[i] = e[0];
-        break;
-      case GgufType::i8:
-        out[i] = static_cast<int8_t>(e[0]);
-        break;
-      case GgufType::u16: {
-        uint16_t x;
-        std::memcpy(&x, e, 2);
-        out[i] = x;
-        break;
-      }
-      case GgufType::i16: {
-        int16_t x;
-        std::memcpy(&x, e, 2);
-        out[i] = x;
-        break;
-      }
-      case GgufType::u32: {
-        uint32_t x;
-        std::memcpy(&x, e, 4);
-        out[i] = x;
-        break;
-      }
-      case GgufType::i32: {
-        int32_t x;
-        std::memcpy(&x, e, 4);
-        out[i] = x;
-        break;
-      }
-      case GgufType::f32: {
-        float x;
-        std::memcpy(&x, e, 4);
-        out[i] = static_cast<double>(x);
-        break;
-      }
-      case GgufType::u64: {
-        uint64_t x;
-        std::memcpy(&x, e, 8);
-        out[i] = static_cast<double>(x);
-        break;
-      }
-      case GgufType::i64: {
-        int64_t x;
-        std::memcpy(&x, e, 8);
-        out[i] = static_cast<double>(x);
-        break;
-      }
-      case GgufType::f64: {
-        double x;
-        std::memcpy(&x, e, 8);
-        out[i] = x;
-        break;
-      }
-      default:
-        break;
-    }
-  }
+  for (size_t i = 0; i < out.size(); ++i) out[i] = number(base + i * size);
   return out;
 }
 

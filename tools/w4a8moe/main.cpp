@@ -33,6 +33,13 @@ CLI::Option* add_packed_file_options(CLI::App* command, std::string& packed, boo
   return option;
 }
 
+// The required --input CASE.safetensors and --output file (run and pack).
+void add_case_in_file_out(CLI::App* command, std::string& input, const std::string& input_help,
+                          std::string& output, const std::string& output_help) {
+  command->add_option("--input", input, input_help)->required();
+  command->add_option("--output", output, output_help)->required();
+}
+
 CLI::App* add_bench(CLI::App& app, BenchOptions& o) {
   std::string preset_names;
   for (const Preset& p : presets())
@@ -61,9 +68,8 @@ CLI::App* add_bench(CLI::App& app, BenchOptions& o) {
 
 CLI::App* add_run(CLI::App& app, RunOptions& o) {
   CLI::App* c = app.add_subcommand("run", "run one layer from a safetensors case file");
-  c->add_option("--input", o.input, "CASE.safetensors with x, topk_ids, topk_weights, w13, ...")
-      ->required();
-  c->add_option("--output", o.output, "OUT.safetensors to write tensor `out` to")->required();
+  add_case_in_file_out(c, o.input, "CASE.safetensors with x, topk_ids, topk_weights, w13, ...",
+                       o.output, "OUT.safetensors to write tensor `out` to");
   add_execution_options(c, o.execution);
   add_packed_file_options(c, o.packed, o.skip_checksum,
                           "W.w4a8 (from `w4a8moe pack`): its experts, not the case's");
@@ -72,9 +78,8 @@ CLI::App* add_run(CLI::App& app, RunOptions& o) {
 
 CLI::App* add_pack(CLI::App& app, PackCommandOptions& o) {
   CLI::App* c = app.add_subcommand("pack", "pack a case's experts into a file for later runs");
-  c->add_option("--input", o.input, "CASE.safetensors with w13, w13_scale, w2, w2_scale, ...")
-      ->required();
-  c->add_option("--output", o.output, "W.w4a8 to write")->required();
+  add_case_in_file_out(c, o.input, "CASE.safetensors with w13, w13_scale, w2, w2_scale, ...",
+                       o.output, "W.w4a8 to write");
   c->add_option("--kernel-set", o.kernel_set,
                 "pack for this kernel set (default: the best one this machine runs)");
   c->add_option("--scales", o.scales, "stored scales: as_given or bf16")->capture_default_str();
