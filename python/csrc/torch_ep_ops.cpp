@@ -157,58 +157,51 @@ void check_same_experts(const Tensor& w13, const Tensor& w2) {
 
 bool has(const c10::optional<Tensor>& t) { return t.has_value() && t->defined(); }
 
-std::tuple<Tensor, Tensor> pack_shard_cpu(
-    const Tensor& w13_weight, const Tensor& w2_weight, const Tensor& w13_weight_scale,
-    const Tensor& w2_weight_scale, int64_t group_size, const Tensor& experts,
-    const c10::optional<Tensor>& w13_bias, const c10::optional<Tensor>& w2_bias,
-    std::string gate_up_layout, std::string scale_storage, std::string kernel_set) {
-  return translate_errors([&] {
-    logical_cols(w13_weight, "w13_weight");
-    logical_cols(w2_weight, "w2_weight");
-    check_same_experts(w13_weight, w2_weight);
-    const auto options =
-        pack_options(group_size, gate_up_layout, scale_storage, kernel_set, experts);
-    // contiguous copies (none when already contiguous), alive until packing ends
-    Tensor t[6] = {w13_weight, w13_weight_scale, has(w13_bias) ? *w13_bias : Tensor(),
-                   w2_weight,  w2_weight_scale,  has(w2_bias) ? *w2_bias : Tensor()};
-    const char* names[6] = {"w13_weight", "w13_weight_scale", "w13_bias",
-                            "w2_weight",  "w2_weight_scale",  "w2_bias"};
-    w4a8moe::TensorView v[6];
-    for (int i = 0; i < 6; ++i)
-      if (t[i].defined()) v[i] = view_of(t[i], names[i]);
-    Tensor p13 = to_tensor(w4a8moe::pack_w13(v[0], v[1], v[2], options));
-    w4a8moe::PackOptions w2_options = options;
-    w2_options.gate_up_layout = w4a8moe::GateUpLayout::halves;
-    Tensor p2 = to_tensor(w4a8moe::pack_w2(v[3], v[4], v[5], w2_options));
-    return std::make_tuple(p13, p2);
-  });
-}
-
-// The packed sizes from shapes and dtypes alone.
-std::tuple<Tensor, Tensor> pack_shard_meta(
-    const Tensor& w13_weight, const Tensor& w2_weight, const Tensor& w13_weight_scale,
-    const Tensor& w2_weight_scale, int64_t group_size, const Tensor& experts,
-    const c10::optional<Tensor>& w13_bias, const c10::optional<Tensor>& w2_bias,
-    std::string gate_up_layout, std::string scale_storage, std::string kernel_set) {
+// The packing op's kernels after the same checks: Meta = false (CPU) packs the experts, Meta =
+// true gives the packed sizes from shapes and dtypes alone.
+template <bool Meta>
+std::tuple<Tensor, Tensor> pack_shard(const Tensor& w13_weight, const Tensor& w2_weight,
+                                      const Tensor& w13_weight_scale, const Tensor& w2_weight_scale,
+                                      int64_t group_size, const Tensor& experts,
+                                      const c10::optional<Tensor>& w13_bias,
+                                      const c10::optional<Tensor>& w2_bias,
+                                      std::string gate_up_layout, std::string scale_storage,
+                                      std::string kernel_set) {
   return translate_errors([&] {
     const int64_t hidden = logical_cols(w13_weight, "w13_weight");
     const int64_t inter = logical_cols(w2_weight, "w2_weight");
     check_same_experts(w13_weight, w2_weight);
     const auto options =
         pack_options(group_size, gate_up_layout, scale_storage, kernel_set, experts);
-    auto bytes = [&](w4a8moe::WeightRole role, int64_t rows, int64_t cols, const Tensor& scale,
-                     bool bias, const char* name) {
-      return static_cast<int64_t>(w4a8moe::packed_size(role, w13_weight.size(0), rows, cols,
-                                                       to_dtype(scale.scalar_type(), name), bias,
-                                                       options, name));
-    };
-    const auto o = w13_weight.options().dtype(at::kByte);
-    return std::make_tuple(at::empty({bytes(w4a8moe::WeightRole::w13, 2 * inter, hidden,
-                                            w13_weight_scale, has(w13_bias), "w13_weight_scale")},
-                                     o),
-                           at::empty({bytes(w4a8moe::WeightRole::w2, hidden, inter, w2_weight_scale,
-                                            has(w2_bias), "w2_weight_scale")},
-                                     o));
+    if constexpr (Meta) {
+      auto bytes = [&](w4a8moe::WeightRole role, int64_t rows, int64_t cols, const Tensor& scale,
+                       bool bias, const char* name) {
+        return static_cast<int64_t>(w4a8moe::packed_size(role, w13_weight.size(0), rows, cols,
+                                                         to_dtype(scale.scalar_type(), name), bias,
+                                                         options, name));
+      };
+      const auto o = w13_weight.options().dtype(at::kByte);
+      return std::make_tuple(at::empty({bytes(w4a8moe::WeightRole::w13, 2 * inter, hidden,
+                                              w13_weight_scale, has(w13_bias), "w13_weight_scale")},
+                                       o),
+                             at::empty({bytes(w4a8moe::WeightRole::w2, hidden, inter,
+                                              w2_weight_scale, has(w2_bias), "w2_weight_scale")},
+                                       o));
+    } else {
+      // contiguous copies (none when already contiguous), alive until packing ends
+      Tensor t[6] = {w13_weight, w13_weight_scale, has(w13_bias) ? *w13_bias : Tensor(),
+                     w2_weight,  w2_weight_scale,  has(w2_bias) ? *w2_bias : Tensor()};
+      const char* names[6] = {"w13_weight", "w13_weight_scale", "w13_bias",
+                              "w2_weight",  "w2_weight_scale",  "w2_bias"};
+      w4a8moe::TensorView v[6];
+      for (int i = 0; i < 6; ++i)
+        if (t[i].defined()) v[i] = view_of(t[i], names[i]);
+      Tensor p13 = to_tensor(w4a8moe::pack_w13(v[0], v[1], v[2], options));
+      w4a8moe::PackOptions w2_options = options;
+      w2_options.gate_up_layout = w4a8moe::GateUpLayout::halves;
+      Tensor p2 = to_tensor(w4a8moe::pack_w2(v[3], v[4], v[5], w2_options));
+      return std::make_tuple(p13, p2);
+    }
   });
 }
 
@@ -396,12 +389,12 @@ TORCH_LIBRARY_FRAGMENT(w4a8moe, m) {
 }
 
 TORCH_LIBRARY_IMPL(w4a8moe, CPU, m) {
-  m.impl("convert_to_w4a8_int8_moe_format_shard", &w4a8moe_torch::pack_shard_cpu);
+  m.impl("convert_to_w4a8_int8_moe_format_shard", &w4a8moe_torch::pack_shard<false>);
   m.impl("forward_local", &w4a8moe_torch::forward_local_cpu);
 }
 
 TORCH_LIBRARY_IMPL(w4a8moe, Meta, m) {
-  m.impl("convert_to_w4a8_int8_moe_format_shard", &w4a8moe_torch::pack_shard_meta);
+  m.impl("convert_to_w4a8_int8_moe_format_shard", &w4a8moe_torch::pack_shard<true>);
 #if TORCH_VERSION_MAJOR < 2
   m.impl("forward_local", &w4a8moe_torch::forward_local_meta);
 #endif
