@@ -275,10 +275,11 @@ w4a8moe::ResultDType result_dtype_of(const std::string& name) {
 // w4a8moe::Dispatch for one process, with the process's shard. One caller at a time.
 class Dispatch : public torch::CustomClassHolder {
  public:
-  // expert_maps [ranks, E] int32: every process's expert map, in process order.
+  // expert_maps [ranks, E] int32: every process's expert map, in process order. exact: a result
+  // row per (record, local slot), combined in forward()'s order (DispatchConfig::exact).
   Dispatch(Tensor expert_maps, int64_t rank, int64_t hidden_size, int64_t top_k,
            bool apply_router_weight_on_input, int64_t activation_kind, double alpha, double limit,
-           std::string result_dtype) {
+           std::string result_dtype, bool exact) {
     translate_errors([&] {
       w4a8moe::DispatchConfig c;
       c.hidden = hidden_size;
@@ -286,6 +287,7 @@ class Dispatch : public torch::CustomClassHolder {
       c.params = moe_params(apply_router_weight_on_input, activation_kind, alpha, limit);
       w4a8moe::check_moe_params(c.params);
       c.result_dtype = result_dtype_of(result_dtype);
+      c.exact = exact;
       w4a8moe::ExpertPlacement placement = placement_of(expert_maps);
       TORCH_CHECK(rank >= 0 && rank < placement.ranks(), "rank: expected a process in [0, ",
                   placement.ranks(), "), got ", rank);
@@ -310,7 +312,7 @@ class Dispatch : public torch::CustomClassHolder {
   }
 
   // Step 2: the records received (recv_counts int64 [ranks] from each process, in process
-  // order) -> one result row per record, uint8.
+  // order) -> the result rows, uint8: result_counts()[s] rows for process s, in process order.
   Tensor compute(Tensor received, Tensor recv_counts, Tensor w13_packed, Tensor w2_packed) {
     return translate_errors([&] {
       require_cpu(recv_counts, "recv_counts");
@@ -327,8 +329,8 @@ class Dispatch : public torch::CustomClassHolder {
     });
   }
 
-  // Step 3: the results of this process's records, from each process in process order ->
-  // out [T, H] of x's dtype.
+  // Step 3: the results of this process's records, returned_counts()[r] rows from process r in
+  // process order -> out [T, H] of x's dtype.
   Tensor combine(Tensor returned) {
     return translate_errors([&] {
       Tensor out =
@@ -340,6 +342,11 @@ class Dispatch : public torch::CustomClassHolder {
     });
   }
 
+  // Result rows for each process (after compute()) and from each process (after pack()), int64
+  // [ranks]: the record counts, or with exact results the slots of those records.
+  Tensor result_counts() const { return copy_of(dispatch_->result_counts(), at::kLong); }
+  Tensor returned_counts() const { return copy_of(dispatch_->returned_counts(), at::kLong); }
+  bool exact() const { return dispatch_->config().exact; }
   int64_t record_bytes() const { return static_cast<int64_t>(dispatch_->record_bytes()); }
   int64_t result_row_bytes() const { return static_cast<int64_t>(dispatch_->result_row_bytes()); }
   int64_t ranks() const { return dispatch_->ranks(); }
@@ -377,10 +384,18 @@ TORCH_LIBRARY_FRAGMENT(w4a8moe, m) {
   using w4a8moe_torch::Dispatch;
   m.class_<Dispatch>("Dispatch")
       .def(torch::init<at::Tensor, int64_t, int64_t, int64_t, bool, int64_t, double, double,
-                       std::string>())
+                       std::string, bool>(),
+           "",
+           {torch::arg("expert_maps"), torch::arg("rank"), torch::arg("hidden_size"),
+            torch::arg("top_k"), torch::arg("apply_router_weight_on_input"),
+            torch::arg("activation_kind"), torch::arg("alpha"), torch::arg("limit"),
+            torch::arg("result_dtype"), torch::arg("exact") = false})
       .def("pack", &Dispatch::pack)
       .def("compute", &Dispatch::compute)
       .def("combine", &Dispatch::combine)
+      .def("result_counts", &Dispatch::result_counts)
+      .def("returned_counts", &Dispatch::returned_counts)
+      .def("exact", &Dispatch::exact)
       .def("record_bytes", &Dispatch::record_bytes)
       .def("result_row_bytes", &Dispatch::result_row_bytes)
       .def("ranks", &Dispatch::ranks)

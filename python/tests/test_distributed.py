@@ -425,10 +425,51 @@ def test_dispatch_class_errors():
         torch.classes.w4a8moe.Dispatch(maps, 0, H, 2, False, 2, 1.702, 7.0, "f16")
     with pytest.raises(RuntimeError, match=r"rank: expected a process in \[0, 2\), got 2"):
         torch.classes.w4a8moe.Dispatch(maps, 2, H, 2, False, 2, 1.702, 7.0, "f32")
+    with pytest.raises(RuntimeError, match=r"result_dtype: expected f32 with exact results \(a "
+                                           r"row per slot\), got bf16"):
+        torch.classes.w4a8moe.Dispatch(maps, 0, H, 2, False, 2, 1.702, 7.0, "bf16", True)
     d = torch.classes.w4a8moe.Dispatch(maps, 0, H, 2, False, 2, 1.702, 7.0, "bf16")
-    assert d.ranks() == 2 and d.result_row_bytes() == 2 * H
+    assert d.ranks() == 2 and d.result_row_bytes() == 2 * H and not d.exact()
     with pytest.raises(RuntimeError, match=r"returned: expected 0 result rows"):
         d.combine(torch.zeros(8, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_dispatch_class_in_one_process(small, exact):
+    """Two ranks' Dispatch objects, the exchange done by hand: the row counts of the way back
+    match between sender and receiver (a row per record, or with exact results a row per slot
+    held by the computing rank), and exact results give the single-process bits."""
+    weights, x, ids, wts = small
+    maps = torch.stack([ep.even_split_expert_map(5, r, RANKS) for r in range(RANKS)])
+    packed = [weights.pack(experts=ep.shard_experts(maps[r]).tolist()) for r in range(RANKS)]
+    d = [torch.classes.w4a8moe.Dispatch(maps, r, H, 2, False, 2, 1.702, 7.0, "f32", exact)
+         for r in range(RANKS)]
+    starts = [0, 4, 9]
+    sent = [d[r].pack(*(t[starts[r]:starts[r + 1]] for t in (x, ids, wts))) for r in range(RANKS)]
+    rb, row = d[0].record_bytes(), d[0].result_row_bytes()
+    results = []
+    for s in range(RANKS):  # the records for rank s, from each rank in rank order
+        counts = torch.stack([sent[r][0][s] for r in range(RANKS)])
+        received = torch.cat([sent[r][1][sum(sent[r][0][:s]) * rb:][:sent[r][0][s] * rb]
+                              for r in range(RANKS)])
+        results.append(d[s].compute(received, counts, *packed[s]))
+        held = (maps[s][ids] >= 0).long()  # slots of each token held by rank s
+        for r in range(RANKS):
+            mine = held[starts[r]:starts[r + 1]]
+            want = mine.sum() if exact else (mine.sum(dim=1) > 0).sum()
+            assert d[s].result_counts()[r].item() == want.item()
+            assert d[r].returned_counts()[s].item() == want.item()
+    out = []
+    for r in range(RANKS):  # the rows for rank r, from each rank in rank order
+        returned = torch.cat([
+            results[s][sum(d[s].result_counts()[:r]) * row:][:d[s].result_counts()[r] * row]
+            for s in range(RANKS)])
+        out.append(d[r].combine(returned))
+    single = w4a8moe.moe(x, ids, wts, *weights.pack())
+    if exact:
+        assert d[0].exact() and same_bits(torch.cat(out), single)
+    else:
+        close_to(torch.cat(out), single, 1e-6)
 
 
 if __name__ == "__main__":
