@@ -157,58 +157,51 @@ void check_same_experts(const Tensor& w13, const Tensor& w2) {
 
 bool has(const c10::optional<Tensor>& t) { return t.has_value() && t->defined(); }
 
-std::tuple<Tensor, Tensor> pack_shard_cpu(
-    const Tensor& w13_weight, const Tensor& w2_weight, const Tensor& w13_weight_scale,
-    const Tensor& w2_weight_scale, int64_t group_size, const Tensor& experts,
-    const c10::optional<Tensor>& w13_bias, const c10::optional<Tensor>& w2_bias,
-    std::string gate_up_layout, std::string scale_storage, std::string kernel_set) {
-  return translate_errors([&] {
-    logical_cols(w13_weight, "w13_weight");
-    logical_cols(w2_weight, "w2_weight");
-    check_same_experts(w13_weight, w2_weight);
-    const auto options =
-        pack_options(group_size, gate_up_layout, scale_storage, kernel_set, experts);
-    // contiguous copies (none when already contiguous), alive until packing ends
-    Tensor t[6] = {w13_weight, w13_weight_scale, has(w13_bias) ? *w13_bias : Tensor(),
-                   w2_weight,  w2_weight_scale,  has(w2_bias) ? *w2_bias : Tensor()};
-    const char* names[6] = {"w13_weight", "w13_weight_scale", "w13_bias",
-                            "w2_weight",  "w2_weight_scale",  "w2_bias"};
-    w4a8moe::TensorView v[6];
-    for (int i = 0; i < 6; ++i)
-      if (t[i].defined()) v[i] = view_of(t[i], names[i]);
-    Tensor p13 = to_tensor(w4a8moe::pack_w13(v[0], v[1], v[2], options));
-    w4a8moe::PackOptions w2_options = options;
-    w2_options.gate_up_layout = w4a8moe::GateUpLayout::halves;
-    Tensor p2 = to_tensor(w4a8moe::pack_w2(v[3], v[4], v[5], w2_options));
-    return std::make_tuple(p13, p2);
-  });
-}
-
-// The packed sizes from shapes and dtypes alone.
-std::tuple<Tensor, Tensor> pack_shard_meta(
-    const Tensor& w13_weight, const Tensor& w2_weight, const Tensor& w13_weight_scale,
-    const Tensor& w2_weight_scale, int64_t group_size, const Tensor& experts,
-    const c10::optional<Tensor>& w13_bias, const c10::optional<Tensor>& w2_bias,
-    std::string gate_up_layout, std::string scale_storage, std::string kernel_set) {
+// The packing op's kernels after the same checks: Meta = false (CPU) packs the experts, Meta =
+// true gives the packed sizes from shapes and dtypes alone.
+template <bool Meta>
+std::tuple<Tensor, Tensor> pack_shard(const Tensor& w13_weight, const Tensor& w2_weight,
+                                      const Tensor& w13_weight_scale, const Tensor& w2_weight_scale,
+                                      int64_t group_size, const Tensor& experts,
+                                      const c10::optional<Tensor>& w13_bias,
+                                      const c10::optional<Tensor>& w2_bias,
+                                      std::string gate_up_layout, std::string scale_storage,
+                                      std::string kernel_set) {
   return translate_errors([&] {
     const int64_t hidden = logical_cols(w13_weight, "w13_weight");
     const int64_t inter = logical_cols(w2_weight, "w2_weight");
     check_same_experts(w13_weight, w2_weight);
     const auto options =
         pack_options(group_size, gate_up_layout, scale_storage, kernel_set, experts);
-    auto bytes = [&](w4a8moe::WeightRole role, int64_t rows, int64_t cols, const Tensor& scale,
-                     bool bias, const char* name) {
-      return static_cast<int64_t>(w4a8moe::packed_size(role, w13_weight.size(0), rows, cols,
-                                                       to_dtype(scale.scalar_type(), name), bias,
-                                                       options, name));
-    };
-    const auto o = w13_weight.options().dtype(at::kByte);
-    return std::make_tuple(at::empty({bytes(w4a8moe::WeightRole::w13, 2 * inter, hidden,
-                                            w13_weight_scale, has(w13_bias), "w13_weight_scale")},
-                                     o),
-                           at::empty({bytes(w4a8moe::WeightRole::w2, hidden, inter, w2_weight_scale,
-                                            has(w2_bias), "w2_weight_scale")},
-                                     o));
+    if constexpr (Meta) {
+      auto bytes = [&](w4a8moe::WeightRole role, int64_t rows, int64_t cols, const Tensor& scale,
+                       bool bias, const char* name) {
+        return static_cast<int64_t>(w4a8moe::packed_size(role, w13_weight.size(0), rows, cols,
+                                                         to_dtype(scale.scalar_type(), name), bias,
+                                                         options, name));
+      };
+      const auto o = w13_weight.options().dtype(at::kByte);
+      return std::make_tuple(at::empty({bytes(w4a8moe::WeightRole::w13, 2 * inter, hidden,
+                                              w13_weight_scale, has(w13_bias), "w13_weight_scale")},
+                                       o),
+                             at::empty({bytes(w4a8moe::WeightRole::w2, hidden, inter,
+                                              w2_weight_scale, has(w2_bias), "w2_weight_scale")},
+                                       o));
+    } else {
+      // contiguous copies (none when already contiguous), alive until packing ends
+      Tensor t[6] = {w13_weight, w13_weight_scale, has(w13_bias) ? *w13_bias : Tensor(),
+                     w2_weight,  w2_weight_scale,  has(w2_bias) ? *w2_bias : Tensor()};
+      const char* names[6] = {"w13_weight", "w13_weight_scale", "w13_bias",
+                              "w2_weight",  "w2_weight_scale",  "w2_bias"};
+      w4a8moe::TensorView v[6];
+      for (int i = 0; i < 6; ++i)
+        if (t[i].defined()) v[i] = view_of(t[i], names[i]);
+      Tensor p13 = to_tensor(w4a8moe::pack_w13(v[0], v[1], v[2], options));
+      w4a8moe::PackOptions w2_options = options;
+      w2_options.gate_up_layout = w4a8moe::GateUpLayout::halves;
+      Tensor p2 = to_tensor(w4a8moe::pack_w2(v[3], v[4], v[5], w2_options));
+      return std::make_tuple(p13, p2);
+    }
   });
 }
 
@@ -282,10 +275,11 @@ w4a8moe::ResultDType result_dtype_of(const std::string& name) {
 // w4a8moe::Dispatch for one process, with the process's shard. One caller at a time.
 class Dispatch : public torch::CustomClassHolder {
  public:
-  // expert_maps [ranks, E] int32: every process's expert map, in process order.
+  // expert_maps [ranks, E] int32: every process's expert map, in process order. exact: a result
+  // row per (record, local slot), combined in forward()'s order (DispatchConfig::exact).
   Dispatch(Tensor expert_maps, int64_t rank, int64_t hidden_size, int64_t top_k,
            bool apply_router_weight_on_input, int64_t activation_kind, double alpha, double limit,
-           std::string result_dtype) {
+           std::string result_dtype, bool exact) {
     translate_errors([&] {
       w4a8moe::DispatchConfig c;
       c.hidden = hidden_size;
@@ -293,6 +287,7 @@ class Dispatch : public torch::CustomClassHolder {
       c.params = moe_params(apply_router_weight_on_input, activation_kind, alpha, limit);
       w4a8moe::check_moe_params(c.params);
       c.result_dtype = result_dtype_of(result_dtype);
+      c.exact = exact;
       w4a8moe::ExpertPlacement placement = placement_of(expert_maps);
       TORCH_CHECK(rank >= 0 && rank < placement.ranks(), "rank: expected a process in [0, ",
                   placement.ranks(), "), got ", rank);
@@ -317,7 +312,7 @@ class Dispatch : public torch::CustomClassHolder {
   }
 
   // Step 2: the records received (recv_counts int64 [ranks] from each process, in process
-  // order) -> one result row per record, uint8.
+  // order) -> the result rows, uint8: result_counts()[s] rows for process s, in process order.
   Tensor compute(Tensor received, Tensor recv_counts, Tensor w13_packed, Tensor w2_packed) {
     return translate_errors([&] {
       require_cpu(recv_counts, "recv_counts");
@@ -334,8 +329,8 @@ class Dispatch : public torch::CustomClassHolder {
     });
   }
 
-  // Step 3: the results of this process's records, from each process in process order ->
-  // out [T, H] of x's dtype.
+  // Step 3: the results of this process's records, returned_counts()[r] rows from process r in
+  // process order -> out [T, H] of x's dtype.
   Tensor combine(Tensor returned) {
     return translate_errors([&] {
       Tensor out =
@@ -347,6 +342,11 @@ class Dispatch : public torch::CustomClassHolder {
     });
   }
 
+  // Result rows for each process (after compute()) and from each process (after pack()), int64
+  // [ranks]: the record counts, or with exact results the slots of those records.
+  Tensor result_counts() const { return copy_of(dispatch_->result_counts(), at::kLong); }
+  Tensor returned_counts() const { return copy_of(dispatch_->returned_counts(), at::kLong); }
+  bool exact() const { return dispatch_->config().exact; }
   int64_t record_bytes() const { return static_cast<int64_t>(dispatch_->record_bytes()); }
   int64_t result_row_bytes() const { return static_cast<int64_t>(dispatch_->result_row_bytes()); }
   int64_t ranks() const { return dispatch_->ranks(); }
@@ -384,10 +384,18 @@ TORCH_LIBRARY_FRAGMENT(w4a8moe, m) {
   using w4a8moe_torch::Dispatch;
   m.class_<Dispatch>("Dispatch")
       .def(torch::init<at::Tensor, int64_t, int64_t, int64_t, bool, int64_t, double, double,
-                       std::string>())
+                       std::string, bool>(),
+           "",
+           {torch::arg("expert_maps"), torch::arg("rank"), torch::arg("hidden_size"),
+            torch::arg("top_k"), torch::arg("apply_router_weight_on_input"),
+            torch::arg("activation_kind"), torch::arg("alpha"), torch::arg("limit"),
+            torch::arg("result_dtype"), torch::arg("exact") = false})
       .def("pack", &Dispatch::pack)
       .def("compute", &Dispatch::compute)
       .def("combine", &Dispatch::combine)
+      .def("result_counts", &Dispatch::result_counts)
+      .def("returned_counts", &Dispatch::returned_counts)
+      .def("exact", &Dispatch::exact)
       .def("record_bytes", &Dispatch::record_bytes)
       .def("result_row_bytes", &Dispatch::result_row_bytes)
       .def("ranks", &Dispatch::ranks)
@@ -396,12 +404,12 @@ TORCH_LIBRARY_FRAGMENT(w4a8moe, m) {
 }
 
 TORCH_LIBRARY_IMPL(w4a8moe, CPU, m) {
-  m.impl("convert_to_w4a8_int8_moe_format_shard", &w4a8moe_torch::pack_shard_cpu);
+  m.impl("convert_to_w4a8_int8_moe_format_shard", &w4a8moe_torch::pack_shard<false>);
   m.impl("forward_local", &w4a8moe_torch::forward_local_cpu);
 }
 
 TORCH_LIBRARY_IMPL(w4a8moe, Meta, m) {
-  m.impl("convert_to_w4a8_int8_moe_format_shard", &w4a8moe_torch::pack_shard_meta);
+  m.impl("convert_to_w4a8_int8_moe_format_shard", &w4a8moe_torch::pack_shard<true>);
 #if TORCH_VERSION_MAJOR < 2
   m.impl("forward_local", &w4a8moe_torch::forward_local_meta);
 #endif

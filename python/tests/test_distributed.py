@@ -1,11 +1,12 @@
 """Expert parallelism over torch.distributed (w4a8moe.distributed): two processes with gloo.
 
 Both ways (all_reduce, dispatch) equal the single-process forward within relative 1e-6 (f32
-summation order), give the same bits from run to run and on every rank, over uneven shares, a
-scattered expert map, a rank whose experts no token chose, tokens whose experts are all on the
-other rank, a rank without tokens, every activation, bf16 x and the router weight on the input.
-Bad input (maps not covering each expert once, a local count disagreeing with the packed
-weights, ranks disagreeing on shapes) raises a clear error on every rank.
+summation order), and the dispatch way with exact results equals it to the bit; each gives the
+same bits from run to run and on every rank, over uneven shares, a scattered expert map, a rank
+whose experts no token chose, tokens whose experts are all on the other rank, a rank without
+tokens, every activation, bf16 x and the router weight on the input. Bad input (maps not
+covering each expert once, a local count disagreeing with the packed weights, ranks disagreeing
+on shapes or options) raises a clear error on every rank.
 
 The ranks are subprocesses of this file (`python test_distributed.py SCENARIO RANK ...`) on a
 free port; each launch is bounded by a timeout, so a hang fails instead of blocking. One launch
@@ -52,6 +53,7 @@ LAYER_CASES = {
     "on_input_K2": dict(on_input=True, seed=11),
     "scattered_map": dict(E=5, map="scattered", seed=12),
     "rank_without_tokens": dict(E=5, split="rank0", seed=13),
+    "K4": dict(E=8, K=4, T=16, seed=14),  # the f32 ways group a token's 4 slots per rank
 }
 
 
@@ -96,14 +98,16 @@ def run_layer_case(spec, rank):
     options = dict(activation=spec["act"], apply_router_weight_on_input=spec["on_input"])
     got = {"single": w4a8moe.moe(x, ids, wts, *weights.pack(), **options)}
     t0, t1 = token_starts(spec)[rank:rank + 2]
-    for mode, result_dtype in (("all_reduce", torch.float32), ("dispatch", torch.float32),
-                               ("dispatch", torch.bfloat16)):
+    for mode, result_dtype, exact in (("all_reduce", torch.float32, False),
+                                      ("dispatch", torch.float32, False),
+                                      ("dispatch", torch.bfloat16, False),
+                                      ("dispatch", torch.float32, True)):
         layer = ep.ExpertParallelMoE.from_weights(
             weights.w13, weights.w2, weights.w13_scale, weights.w2_scale, G, weights.w13_bias,
             weights.w2_bias, expert_map=expert_map_of(spec, rank), mode=mode,
-            result_dtype=result_dtype, **options)
+            result_dtype=result_dtype, exact=exact, **options)
         mine = (x, ids, wts) if mode == "all_reduce" else (x[t0:t1], ids[t0:t1], wts[t0:t1])
-        key = f"{mode}-{str(result_dtype).split('.')[-1]}"
+        key = "dispatch-exact" if exact else f"{mode}-{str(result_dtype).split('.')[-1]}"
         got[key] = [layer(*mine), layer(*mine)]  # twice: the same bits
     return got
 
@@ -147,6 +151,15 @@ def bad_case(name, rank):
             ep.ExpertParallelMoE.from_weights(w13, w2, weights.w13_scale, weights.w2_scale, G,
                                               expert_map=even,
                                               activation="silu" if rank == 0 else "gelu")
+        elif name == "exact":
+            ep.ExpertParallelMoE.from_weights(w13, w2, weights.w13_scale, weights.w2_scale, G,
+                                              expert_map=even, mode="dispatch", exact=rank == 1)
+        elif name in ("exact_bf16", "exact_all_reduce"):
+            mode, result_dtype = (("dispatch", torch.bfloat16) if name == "exact_bf16"
+                                  else ("all_reduce", torch.float32))
+            ep.ExpertParallelMoE.from_weights(w13, w2, weights.w13_scale, weights.w2_scale, G,
+                                              expert_map=even, mode=mode,
+                                              result_dtype=result_dtype, exact=rank == 0)
         elif name in ("bad_ids_all_reduce", "bad_ids_dispatch", "top_k_dispatch"):
             layer = ep.ExpertParallelMoE.from_weights(
                 w13, w2, weights.w13_scale, weights.w2_scale, G, expert_map=even,
@@ -185,6 +198,11 @@ BAD_CASES = {
                         r"local experts \(expert_map\), got 1"] * 2,
     "hidden_size": [r"the ranks disagree on the hidden size: rank 0 has 128, rank 1 has 256"] * 2,
     "activation": [r"the ranks disagree on the activation: rank 0 has 2, rank 1 has 3"] * 2,
+    "exact": [r"the ranks disagree on exact results: rank 0 has False, rank 1 has True"] * 2,
+    "exact_bf16": [r"w4a8moe\.distributed: rank 0: result_dtype: expected torch\.float32 with "
+                   r"exact results \(a row per slot\), got torch\.bfloat16"] * 2,
+    "exact_all_reduce": [r"w4a8moe\.distributed: rank 0: exact: expected mode 'dispatch' \(the "
+                         r"all_reduce way adds the ranks' partial sums\), got 'all_reduce'"] * 2,
     "bad_ids_all_reduce": [r"w4a8moe\.distributed: 1 other rank\(s\) refused their input",
                            r"topk_ids: expected expert ids in \[0, 5\), got 5 at token 3, slot 1"],
     "bad_ids_dispatch": [r"w4a8moe\.distributed: rank\(s\) 1 refused their input to dispatch",
@@ -286,15 +304,20 @@ def test_both_ways_match_one_process(layers, name):
     a = layers[0][name]["all_reduce-float32"]
     assert same_bits(a[0], a[1]) and same_bits(a[0], layers[1][name]["all_reduce-float32"][0])
     close_to(a[0], single, 1e-6)
-    # dispatch: each rank its own tokens
     starts = token_starts(spec)
+    # dispatch: each rank its own tokens; with exact results the single-process bits
     for key, rtol in (("dispatch-float32", 1e-6),
-                      ("dispatch-bfloat16", math.ldexp(1.0, -8) * spec["K"])):
+                      ("dispatch-bfloat16", math.ldexp(1.0, -8) * spec["K"]),
+                      ("dispatch-exact", None)):
         parts = [layers[r][name][key] for r in range(RANKS)]
         for r in range(RANKS):
             assert parts[r][0].shape == (starts[r + 1] - starts[r], H)
             assert same_bits(parts[r][0], parts[r][1]), f"{key}: rank {r} differs between runs"
-        close_to(torch.cat([p[0] for p in parts]), single, rtol)
+        whole = torch.cat([p[0] for p in parts])
+        if rtol is None:
+            assert same_bits(whole, single), f"{key}: not the single-process bits"
+        else:
+            close_to(whole, single, rtol)
 
 
 def test_all_experts_elsewhere_is_not_zero(layers):
@@ -425,10 +448,51 @@ def test_dispatch_class_errors():
         torch.classes.w4a8moe.Dispatch(maps, 0, H, 2, False, 2, 1.702, 7.0, "f16")
     with pytest.raises(RuntimeError, match=r"rank: expected a process in \[0, 2\), got 2"):
         torch.classes.w4a8moe.Dispatch(maps, 2, H, 2, False, 2, 1.702, 7.0, "f32")
+    with pytest.raises(RuntimeError, match=r"result_dtype: expected f32 with exact results \(a "
+                                           r"row per slot\), got bf16"):
+        torch.classes.w4a8moe.Dispatch(maps, 0, H, 2, False, 2, 1.702, 7.0, "bf16", True)
     d = torch.classes.w4a8moe.Dispatch(maps, 0, H, 2, False, 2, 1.702, 7.0, "bf16")
-    assert d.ranks() == 2 and d.result_row_bytes() == 2 * H
+    assert d.ranks() == 2 and d.result_row_bytes() == 2 * H and not d.exact()
     with pytest.raises(RuntimeError, match=r"returned: expected 0 result rows"):
         d.combine(torch.zeros(8, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_dispatch_class_in_one_process(small, exact):
+    """Two ranks' Dispatch objects, the exchange done by hand: the row counts of the way back
+    match between sender and receiver (a row per record, or with exact results a row per slot
+    held by the computing rank), and exact results give the single-process bits."""
+    weights, x, ids, wts = small
+    maps = torch.stack([ep.even_split_expert_map(5, r, RANKS) for r in range(RANKS)])
+    packed = [weights.pack(experts=ep.shard_experts(maps[r]).tolist()) for r in range(RANKS)]
+    d = [torch.classes.w4a8moe.Dispatch(maps, r, H, 2, False, 2, 1.702, 7.0, "f32", exact)
+         for r in range(RANKS)]
+    starts = [0, 4, 9]
+    sent = [d[r].pack(*(t[starts[r]:starts[r + 1]] for t in (x, ids, wts))) for r in range(RANKS)]
+    rb, row = d[0].record_bytes(), d[0].result_row_bytes()
+    results = []
+    for s in range(RANKS):  # the records for rank s, from each rank in rank order
+        counts = torch.stack([sent[r][0][s] for r in range(RANKS)])
+        received = torch.cat([sent[r][1][sum(sent[r][0][:s]) * rb:][:sent[r][0][s] * rb]
+                              for r in range(RANKS)])
+        results.append(d[s].compute(received, counts, *packed[s]))
+        held = (maps[s][ids] >= 0).long()  # slots of each token held by rank s
+        for r in range(RANKS):
+            mine = held[starts[r]:starts[r + 1]]
+            want = mine.sum() if exact else (mine.sum(dim=1) > 0).sum()
+            assert d[s].result_counts()[r].item() == want.item()
+            assert d[r].returned_counts()[s].item() == want.item()
+    out = []
+    for r in range(RANKS):  # the rows for rank r, from each rank in rank order
+        returned = torch.cat([
+            results[s][sum(d[s].result_counts()[:r]) * row:][:d[s].result_counts()[r] * row]
+            for s in range(RANKS)])
+        out.append(d[r].combine(returned))
+    single = w4a8moe.moe(x, ids, wts, *weights.pack())
+    if exact:
+        assert d[0].exact() and same_bits(torch.cat(out), single)
+    else:
+        close_to(torch.cat(out), single, 1e-6)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ Two ways to run the layer:
   dispatch    each rank has its own tokens: the records of the tokens that chose another rank's
               experts (rows already quantized to int8) go there with all_to_all_single, are
               computed there, and their results (f32 or bf16) come back to be combined
-              (torch.classes.w4a8moe.Dispatch).
+              (torch.classes.w4a8moe.Dispatch); with exact=True a rank returns an f32 row per
+              slot, combined in the single-process forward's order: the single-process bits on
+              any number of ranks.
 
 Construction is collective: the ranks exchange their configuration and expert maps and check
 that they agree and that every expert is held by exactly one rank; a bad input raises the same
@@ -68,6 +70,7 @@ _FIELDS = [
     ("limit", "limit"),
     ("mode", "the mode"),
     ("result_dtype", "the result dtype"),
+    ("exact", "exact results"),
 ]
 
 
@@ -98,17 +101,25 @@ def _agree(group, error: Optional[str], config: Dict[str, int]) -> None:
                 values = [struct.unpack("<d", struct.pack("<q", v))[0] for v in values]
             if name == "mode":
                 values = [MODES[v] for v in values]
+            if name == "exact":
+                values = [bool(v) for v in values]
             have = ", ".join(f"rank {r} has {v}" for r, v in enumerate(values))
             raise RuntimeError(f"{_PREFIX}the ranks disagree on {what}: {have}")
 
 
-def _check_local(w13_packed, w2_packed, expert_map, mode, activation, result_dtype):
+def _check_local(w13_packed, w2_packed, expert_map, mode, activation, result_dtype, exact):
     """This rank's own checks -> (config, local experts). Raises RuntimeError or ValueError."""
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
     if result_dtype not in _RESULT_DTYPES:
         raise ValueError(f"result_dtype: expected torch.float32 or torch.bfloat16, got "
                          f"{result_dtype}")
+    if exact and mode != "dispatch":
+        raise ValueError(f"exact: expected mode 'dispatch' (the all_reduce way adds the ranks' "
+                         f"partial sums), got {mode!r}")
+    if exact and result_dtype != torch.float32:
+        raise ValueError(f"result_dtype: expected torch.float32 with exact results (a row per "
+                         f"slot), got {result_dtype}")
     code = activation_code(activation)
     if code not in {a.value for a in Activation}:
         raise ValueError(f"activation: expected a code in [0, {len(Activation) - 1}], got {code}")
@@ -128,7 +139,7 @@ def _check_local(w13_packed, w2_packed, expert_map, mode, activation, result_dty
                            f"{w2.cols}] with group size {w2.group_size}")
     config = {"experts": expert_map.numel(), "hidden": w13.cols, "inter": w13.rows // 2,
               "group_size": w13.group_size, "activation": code, "mode": MODES.index(mode),
-              "result_dtype": list(_RESULT_DTYPES).index(result_dtype)}
+              "result_dtype": list(_RESULT_DTYPES).index(result_dtype), "exact": int(exact)}
     return config, local
 
 
@@ -142,6 +153,9 @@ class ExpertParallelMoE(torch.nn.Module):
     passes all tokens and gets the whole output) or "dispatch" (each rank passes its own tokens
     and gets their output). result_dtype (dispatch): the dtype in which results travel back,
     torch.float32 or torch.bfloat16 (half the bytes, one bf16 rounding per result row).
+    exact (dispatch, f32 results): a rank returns one f32 row per (record, local slot) and the
+    rows are added in the single-process forward's order: w4a8moe.moe's bits on any number of
+    ranks, for up to K rows back per token instead of one per rank holding its experts.
 
     Construction is collective over `group` (default: the default group); so is every call.
     """
@@ -150,7 +164,8 @@ class ExpertParallelMoE(torch.nn.Module):
                  expert_map: torch.Tensor, *, mode: str = "all_reduce", group=None,
                  activation="silu", apply_router_weight_on_input: bool = False,
                  alpha: float = 1.702, limit: float = 7.0,
-                 result_dtype: torch.dtype = torch.float32, _error: Optional[str] = None):
+                 result_dtype: torch.dtype = torch.float32, exact: bool = False,
+                 _error: Optional[str] = None):
         super().__init__()
         self.group = group
         self.rank = dist.get_rank(group)
@@ -163,7 +178,7 @@ class ExpertParallelMoE(torch.nn.Module):
         if error is None:
             try:
                 own, _ = _check_local(w13_packed, w2_packed, expert_map, mode, activation,
-                                      result_dtype)
+                                      result_dtype, bool(exact))
                 config.update(own)
             except (RuntimeError, ValueError, TypeError) as e:
                 error = str(e)
@@ -190,6 +205,7 @@ class ExpertParallelMoE(torch.nn.Module):
         self.alpha = float(alpha)
         self.limit = float(limit)
         self.result_dtype = result_dtype
+        self.exact = bool(exact)
         self._dispatches = {}  # top_k -> torch.classes.w4a8moe.Dispatch
 
     @classmethod
@@ -223,7 +239,7 @@ class ExpertParallelMoE(torch.nn.Module):
             d = torch.classes.w4a8moe.Dispatch(
                 self.expert_maps, self.rank, self.hidden, top_k,
                 self.apply_router_weight_on_input, self.activation, self.alpha, self.limit,
-                _RESULT_DTYPES[self.result_dtype])
+                _RESULT_DTYPES[self.result_dtype], self.exact)
             self._dispatches[top_k] = d
         return d
 
@@ -294,11 +310,14 @@ class ExpertParallelMoE(torch.nn.Module):
         dist.all_to_all_single(received, records, _splits(recv_counts, rb),
                                _splits(counts, rb), group=self.group)
         results = d.compute(received, recv_counts, self.w13_packed, self.w2_packed)
-        # Step 2, results: back to the ranks the records came from.
+        # Step 2, results: back to the ranks the records came from, counted in rows (a row per
+        # record, or with exact results per slot of it held here): result_counts() out,
+        # returned_counts() in.
         row = d.result_row_bytes()
-        returned = torch.empty(int(counts.sum().item()) * row, dtype=torch.uint8)
-        dist.all_to_all_single(returned, results, _splits(counts, row),
-                               _splits(recv_counts, row), group=self.group)
+        rows_in = d.returned_counts()
+        returned = torch.empty(int(rows_in.sum().item()) * row, dtype=torch.uint8)
+        dist.all_to_all_single(returned, results, _splits(rows_in, row),
+                               _splits(d.result_counts(), row), group=self.group)
         return d.combine(returned)
 
 
