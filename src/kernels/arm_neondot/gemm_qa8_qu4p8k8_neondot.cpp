@@ -66,18 +66,12 @@ void tile(const GemmArgs& args, int64_t n0) {
   store_tile<M, NP>(args, n0, sum, facc);
 }
 
-// 1 row: four panels per tile (more independent chains); more rows: two.
-template <int M>
-void run(const GemmArgs& args) {
-  for_each_panel_tile<kPanel, M == 1 ? 4 : 2>(args,
-                                              [&]<int NP>(int64_t n0) { tile<M, NP>(args, n0); });
-}
-
 }  // namespace
 
 void gemm_qa8_qu4p8k8(const GemmArgs& args) {
-  static constexpr auto kByRows = gemm_by_rows<kTileM>([]<int M>() -> GemmFn { return run<M>; });
-  kByRows[static_cast<size_t>(args.m - 1)](args);
+  // 1 row: four panels per tile (more independent chains); more rows: two.
+  gemm_panel_tiles<kTileM, kPanel, 4, 2>(
+      args, []<int M, int NP>(const GemmArgs& a, int64_t n0) { tile<M, NP>(a, n0); });
 }
 
 }  // namespace w4a8moe::detail::neondot
