@@ -1,6 +1,5 @@
-// The gated activations (docs/operator.md, "Activations"): in f32 as the portable kernel set
-// computes them (the vector sets have their own forms in kernels/common/activation_vec.hpp),
-// and in double for the references over the logical weights.
+// The gated activations (docs/operator.md, "Activations"): in f32 as the kernel sets compute
+// them, and in double for the references over the logical weights.
 #pragma once
 
 #include <algorithm>
@@ -10,42 +9,49 @@
 
 namespace w4a8moe::detail {
 
-inline float sigmoid(float z) noexcept { return 1.0f / (1.0f + std::exp(-z)); }
+// The f32 functions of the portable kernel set: libm's.
+struct LibmMath {
+  static float sigmoid(float z) noexcept { return 1.0f / (1.0f + std::exp(-z)); }
+  static float erf(float x) noexcept { return std::erf(x); }
+  static float tanh(float x) noexcept { return std::tanh(x); }
+  static float clamp(float v, float lo, float hi) noexcept {
+    return v < lo ? lo : (v > hi ? hi : v);
+  }
+};
 
-inline float clampf(float v, float lo, float hi) noexcept {
-  return v < lo ? lo : (v > hi ? hi : v);
-}
-
-// m[i] = act(gate[i], up[i]) for i < n.
-inline void apply_activation(const MoeParams& p, const float* gate, const float* up, float* m,
-                             int64_t n) noexcept {
-  const float L = p.limit;
+// m[i] = act(gate[i], up[i]) for i < n in f32, the formulas written once over Math's sigmoid,
+// erf, tanh and clamp: LibmMath for the portable set, the vectorisable forms of
+// kernels/common/activation_vec.hpp for the ISA sets (an instantiation there has internal
+// linkage, as its Math type has).
+template <class Math>
+inline void activate_f32(const MoeParams& p, const float* gate, const float* up, float* m,
+                         int64_t n) noexcept {
+  const float L = p.limit, alpha = p.alpha;
   switch (p.activation) {
     case Activation::swiglustep:
       for (int64_t i = 0; i < n; ++i) {
-        const float s = gate[i] * sigmoid(gate[i]);
-        m[i] = (s > L ? L : s) * clampf(up[i], -L, L);
+        const float s = gate[i] * Math::sigmoid(gate[i]);
+        m[i] = (s > L ? L : s) * Math::clamp(up[i], -L, L);
       }
       break;
     case Activation::swigluoai:
       for (int64_t i = 0; i < n; ++i) {
         const float gc = gate[i] > L ? L : gate[i];  // NaN propagates
-        const float uc = clampf(up[i], -L, L);
-        m[i] = (uc + 1.0f) * gc * sigmoid(p.alpha * gc);
+        m[i] = (Math::clamp(up[i], -L, L) + 1.0f) * gc * Math::sigmoid(alpha * gc);
       }
       break;
     case Activation::silu:
-      for (int64_t i = 0; i < n; ++i) m[i] = gate[i] * sigmoid(gate[i]) * up[i];
+      for (int64_t i = 0; i < n; ++i) m[i] = gate[i] * Math::sigmoid(gate[i]) * up[i];
       break;
     case Activation::gelu:
       for (int64_t i = 0; i < n; ++i)
-        m[i] = 0.5f * gate[i] * (1.0f + std::erf(gate[i] * 0.70710678118654752f)) * up[i];
+        m[i] = 0.5f * gate[i] * (1.0f + Math::erf(gate[i] * 0.70710678118654752f)) * up[i];
       break;
     case Activation::gelu_tanh:
       for (int64_t i = 0; i < n; ++i) {
         const float g = gate[i];
-        const float inner = 0.79788456080286536f * (g + 0.044715f * g * g * g);
-        m[i] = 0.5f * g * (1.0f + std::tanh(inner)) * up[i];
+        m[i] = 0.5f * g * (1.0f + Math::tanh(0.79788456080286536f * (g + 0.044715f * g * g * g))) *
+               up[i];
       }
       break;
   }

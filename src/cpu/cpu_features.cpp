@@ -13,15 +13,7 @@
 #include <unistd.h>
 #endif
 #elif defined(__aarch64__) && defined(__linux__)
-#include <asm/hwcap.h>
 #include <sys/auxv.h>
-// Bits of the Linux AArch64 ABI, for kernel headers older than the features.
-#ifndef HWCAP_ASIMDDP
-#define HWCAP_ASIMDDP (1 << 20)
-#endif
-#ifndef HWCAP2_I8MM
-#define HWCAP2_I8MM (1 << 13)
-#endif
 #elif defined(__aarch64__) && defined(__APPLE__)
 #include <sys/sysctl.h>
 #endif
@@ -94,25 +86,23 @@ bool apple_feature(const char* name) {
 #endif
 
 #if defined(__aarch64__)
+#if defined(__linux__)
+// Bits of AT_HWCAP and AT_HWCAP2 (the Linux AArch64 ABI, asm/hwcap.h), written here so that
+// kernel headers older than a feature still detect it.
+constexpr unsigned long kHwcapAsimddp = 1ul << 20, kHwcapSve = 1ul << 22;
+constexpr unsigned long kHwcap2I8mm = 1ul << 13, kHwcap2Bf16 = 1ul << 14;
+#endif
+
 void detect_arm(CpuFeatures& f) {
   f.arch = "aarch64";
   f.neon = true;  // mandatory in AArch64
 #if defined(__linux__)
   const unsigned long hw = getauxval(AT_HWCAP);
   const unsigned long hw2 = getauxval(AT_HWCAP2);
-#ifdef HWCAP_ASIMDDP
-  f.dotprod = (hw & HWCAP_ASIMDDP) != 0;
-#endif
-#ifdef HWCAP_SVE
-  f.sve = (hw & HWCAP_SVE) != 0;
-#endif
-#ifdef HWCAP2_I8MM
-  f.i8mm = (hw2 & HWCAP2_I8MM) != 0;
-#endif
-#ifdef HWCAP2_BF16
-  f.bf16 = (hw2 & HWCAP2_BF16) != 0;
-#endif
-  (void)hw2;
+  f.dotprod = (hw & kHwcapAsimddp) != 0;
+  f.sve = (hw & kHwcapSve) != 0;
+  f.i8mm = (hw2 & kHwcap2I8mm) != 0;
+  f.bf16 = (hw2 & kHwcap2Bf16) != 0;
 #elif defined(__APPLE__)
   f.dotprod = apple_feature("hw.optional.arm.FEAT_DotProd");
   f.i8mm = apple_feature("hw.optional.arm.FEAT_I8MM");

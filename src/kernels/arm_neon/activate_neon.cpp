@@ -10,7 +10,7 @@ static_assert(w4a8moe::detail::compiled_for("neon"),
 namespace w4a8moe::detail::neon {
 
 void activate(const MoeParams& params, const float* gate, const float* up, float* m, int64_t n) {
-  activate_vec(params, gate, up, m, n);
+  activate_f32<VecMath>(params, gate, up, m, n);
 }
 
 }  // namespace w4a8moe::detail::neon

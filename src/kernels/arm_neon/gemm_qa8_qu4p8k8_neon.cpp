@@ -8,12 +8,11 @@
 // columns; a 32-bit broadcast of the activations' 4 columns lines up with them.
 #include <arm_neon.h>
 
-#include <cstring>
-
 #include "cpu/compiled_isa.hpp"
 #include "kernels/arm_neon/neon_common.hpp"
 #include "kernels/arm_neon/neon_kernels.hpp"
 #include "kernels/common/gemm_rows.hpp"
+#include "kernels/common/load_unaligned.hpp"
 
 static_assert(w4a8moe::detail::compiled_for("neon"),
               "compile this file with the neon cluster's flags (CMakeLists.txt, src/cpu/isa.hpp)");
@@ -22,12 +21,8 @@ namespace w4a8moe::detail::neon {
 
 namespace {
 
-constexpr int64_t kPanel = 8;
-
 inline int8x16_t broadcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return vreinterpretq_s8_s32(vdupq_n_s32(v));
+  return vreinterpretq_s8_s32(vdupq_n_s32(load_unaligned<int32_t>(p)));
 }
 
 // int16 lanes (row, column) of two rows -> int32 per row, for rows r..r+3 from two such vectors.
@@ -93,18 +88,12 @@ void tile(const GemmArgs& args, int64_t n0) {
   store_tile<M, NP>(args, n0, sum, facc);
 }
 
-// 1 row: two panels per tile (more independent chains); more rows: one.
-template <int M>
-void run(const GemmArgs& args) {
-  for_each_panel_tile<kPanel, M == 1 ? 2 : 1>(args,
-                                              [&]<int NP>(int64_t n0) { tile<M, NP>(args, n0); });
-}
-
 }  // namespace
 
 void gemm_qa8_qu4p8k8(const GemmArgs& args) {
-  static constexpr auto kByRows = gemm_by_rows<kTileM>([]<int M>() -> GemmFn { return run<M>; });
-  kByRows[static_cast<size_t>(args.m - 1)](args);
+  // 1 row: two panels per tile (more independent chains); more rows: one.
+  gemm_panel_tiles<kTileM, kPanel, 2, 1>(
+      args, []<int M, int NP>(const GemmArgs& a, int64_t n0) { tile<M, NP>(a, n0); });
 }
 
 }  // namespace w4a8moe::detail::neon

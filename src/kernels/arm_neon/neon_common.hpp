@@ -18,6 +18,9 @@
 namespace w4a8moe::detail {
 namespace {
 
+// Rows per panel of the Arm layouts (qu4_p8k8, qu4_p8k16).
+constexpr int64_t kPanel = 8;
+
 // Four consecutive scales from element `index` on, in the stored dtype.
 inline float32x4_t load_scales4(const uint8_t* base, DType dtype, int64_t index) {
   switch (dtype) {
@@ -28,6 +31,16 @@ inline float32x4_t load_scales4(const uint8_t* base, DType dtype, int64_t index)
       return vcvt_f32_f16(vld1_f16(reinterpret_cast<const float16_t*>(base) + index));
     default:
       return vld1q_f32(reinterpret_cast<const float*>(base) + index);
+  }
+}
+
+// The 64 bytes of offset nibbles at wc as s8 weights: byte 16 * i + j's low nibble in lane j of
+// lo[i], its high nibble in lane j of hi[i].
+inline void unpack64(const uint8_t* wc, uint8x16_t low4, int8x16_t (&lo)[4], int8x16_t (&hi)[4]) {
+  for (int i = 0; i < 4; ++i) {
+    const uint8x16_t r = vld1q_u8(wc + 16 * i);
+    lo[i] = vreinterpretq_s8_u8(vandq_u8(r, low4));
+    hi[i] = vreinterpretq_s8_u8(vshrq_n_u8(r, 4));
   }
 }
 
@@ -47,7 +60,7 @@ inline float32x4_t load_bias4(const Geometry& g, const uint8_t* expert, int64_t 
                     : vdupq_n_f32(0.0f);
 }
 
-// The sums of a tile of M rows x NP panels of 8 output rows (two int32x4 halves each): all at
+// The sums of a tile of M rows x NP panels of kPanel output rows (two int32x4 halves each): all at
 // zero before the first scale group.
 template <int M, int NP>
 inline void zero_sums(int32x4_t (&sum)[M][NP][2], float32x4_t (&facc)[M][NP][2]) {
@@ -78,7 +91,7 @@ inline void scale_group(const Geometry& g, const uint8_t* scales, int64_t first_
   for (int p = 0; p < NP; ++p)
     for (int h = 0; h < 2; ++h) {
       const float32x4_t s =
-          load_scales4(scales, g.scale_dtype, ((first_panel + p) * g.groups + b) * 8 + 4 * h);
+          load_scales4(scales, g.scale_dtype, ((first_panel + p) * g.groups + b) * kPanel + 4 * h);
       for (int m = 0; m < M; ++m)
         facc[m][p][h] = vfmaq_f32(facc[m][p][h], vcvtq_f32_s32(sum[m][p][h]), s);
     }
@@ -90,16 +103,17 @@ inline void store_tile(const GemmArgs& args, int64_t n0, const int32x4_t (&sum)[
                        const float32x4_t (&facc)[M][NP][2]) {
   const Geometry& g = *args.geometry;
   const uint8_t* scales = args.expert + g.scales_offset;
-  const int64_t first_panel = n0 / 8;
+  const int64_t first_panel = n0 / kPanel;
   for (int p = 0; p < NP; ++p)
     for (int h = 0; h < 2; ++h) {
-      const int64_t n = n0 + p * 8 + 4 * h;
+      const int64_t n = n0 + p * kPanel + 4 * h;
       const uint8_t* corr = args.expert + g.correction_offset + n * 4;
       const float32x4_t bias = load_bias4(g, args.expert, n);
       float* out = args.c + (n - args.n_begin);
       if (g.group_size < 0) {
         const int32x4_t wsum = vld1q_s32(reinterpret_cast<const int32_t*>(corr));
-        const float32x4_t s = load_scales4(scales, g.scale_dtype, (first_panel + p) * 8 + 4 * h);
+        const float32x4_t s =
+            load_scales4(scales, g.scale_dtype, (first_panel + p) * kPanel + 4 * h);
         for (int m = 0; m < M; ++m)
           vst1q_f32(out + m * args.c_stride,
                     finish_channelwise(sum[m][p][h], vdupq_n_s32(args.a[m].zp),

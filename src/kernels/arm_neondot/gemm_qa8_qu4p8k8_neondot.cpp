@@ -22,8 +22,6 @@ namespace w4a8moe::detail::neondot {
 
 namespace {
 
-constexpr int64_t kPanel = 8;
-
 // M activation rows x NP panels of 8 output rows from padded row n0.
 template <int M, int NP>
 void tile(const GemmArgs& args, int64_t n0) {
@@ -48,11 +46,7 @@ void tile(const GemmArgs& args, int64_t n0) {
       for (int p = 0; p < NP; ++p) {
         const uint8_t* wc = w + p * panel_bytes + k * 4;  // two chunks of 8 columns, 64 bytes
         int8x16_t lo[4], hi[4];
-        for (int i = 0; i < 4; ++i) {
-          const uint8x16_t r = vld1q_u8(wc + 16 * i);
-          lo[i] = vreinterpretq_s8_u8(vandq_u8(r, low4));
-          hi[i] = vreinterpretq_s8_u8(vshrq_n_u8(r, 4));
-        }
+        unpack64(wc, low4, lo, hi);
         for (int m = 0; m < M; ++m) {
           int32x4_t* s = sum[m][p];
           s[0] = vdotq_laneq_s32(s[0], lo[0], a[m], 0);
@@ -72,18 +66,12 @@ void tile(const GemmArgs& args, int64_t n0) {
   store_tile<M, NP>(args, n0, sum, facc);
 }
 
-// 1 row: four panels per tile (more independent chains); more rows: two.
-template <int M>
-void run(const GemmArgs& args) {
-  for_each_panel_tile<kPanel, M == 1 ? 4 : 2>(args,
-                                              [&]<int NP>(int64_t n0) { tile<M, NP>(args, n0); });
-}
-
 }  // namespace
 
 void gemm_qa8_qu4p8k8(const GemmArgs& args) {
-  static constexpr auto kByRows = gemm_by_rows<kTileM>([]<int M>() -> GemmFn { return run<M>; });
-  kByRows[static_cast<size_t>(args.m - 1)](args);
+  // 1 row: four panels per tile (more independent chains); more rows: two.
+  gemm_panel_tiles<kTileM, kPanel, 4, 2>(
+      args, []<int M, int NP>(const GemmArgs& a, int64_t n0) { tile<M, NP>(a, n0); });
 }
 
 }  // namespace w4a8moe::detail::neondot

@@ -13,12 +13,11 @@
 // the 8 output rows of the panel.
 #include <arm_neon.h>
 
-#include <cstring>
-
 #include "cpu/compiled_isa.hpp"
 #include "kernels/arm_neon/neon_common.hpp"
 #include "kernels/arm_neoni8mm/neoni8mm_kernels.hpp"
 #include "kernels/common/gemm_rows.hpp"
+#include "kernels/common/load_unaligned.hpp"
 
 static_assert(
     w4a8moe::detail::compiled_for("neoni8mm"),
@@ -28,12 +27,8 @@ namespace w4a8moe::detail::neoni8mm {
 
 namespace {
 
-constexpr int64_t kPanel = 8;
-
 inline int8x16_t broadcast8(const int8_t* p) {
-  int64_t v;
-  std::memcpy(&v, p, 8);
-  return vreinterpretq_s8_s64(vdupq_n_s64(v));
+  return vreinterpretq_s8_s64(vdupq_n_s64(load_unaligned<int64_t>(p)));
 }
 
 // [v0, v1] -> [v0, v1, v0, v1] (the 2x2 block's column pattern) from 4 column values.
@@ -144,11 +139,7 @@ void tile_pairs(const GemmArgs& args, int64_t n0) {
       // scheduling before register allocation off, see CMakeLists.txt).
       const uint8_t* wc = w + k * 4;
       int8x16_t lo[4], hi[4];
-      for (int c = 0; c < 4; ++c) {
-        const uint8x16_t r = vld1q_u8(wc + 16 * c);
-        lo[c] = vreinterpretq_s8_u8(vandq_u8(r, low4));
-        hi[c] = vreinterpretq_s8_u8(vshrq_n_u8(r, 4));
-      }
+      unpack64(wc, low4, lo, hi);
       for (int i = 0; i < MP; ++i) {
         const int64x2_t r0 =
             vreinterpretq_s64_s8(vld1q_s8(static_cast<const int8_t*>(rows[2 * i]->data) + k));

@@ -1,6 +1,7 @@
 // Vectorisable f32 activations (docs/operator.md, "Activations") for the ISA kernel sets: exp, erf
-// and tanh by range reduction and polynomials (about 2 ulp for exp, 1.5e-7 absolute for erf),
-// written as plain loops that the compiler vectorises with the including file's ISA flags.
+// and tanh by range reduction and polynomials (about 2 ulp for exp, 1.5e-7 absolute for erf), the
+// functions of the loops of activate_f32<VecMath>() (common/activation.hpp), which the compiler
+// vectorises with the including file's ISA flags.
 //
 // Everything here has internal linkage (anonymous namespace): each ISA translation unit gets its
 // own copy compiled with its own flags, so no copy built for a wider ISA can be picked by the
@@ -10,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/activation.hpp"
 #include "w4a8moe/w4a8moe.hpp"
 
 namespace w4a8moe::detail {
@@ -61,39 +63,13 @@ inline float verf(float x) {
 
 inline float vtanh(float x) { return 1.0f - 2.0f / (vexp(2.0f * x) + 1.0f); }
 
-inline float vclamp(float v, float lo, float hi) { return v < lo ? lo : (v > hi ? hi : v); }
-
-void activate_vec(const MoeParams& p, const float* gate, const float* up, float* m, int64_t n) {
-  const float L = p.limit, alpha = p.alpha;
-  switch (p.activation) {
-    case Activation::swiglustep:
-      for (int64_t i = 0; i < n; ++i) {
-        const float s = gate[i] * vsigmoid(gate[i]);
-        m[i] = (s > L ? L : s) * vclamp(up[i], -L, L);
-      }
-      break;
-    case Activation::swigluoai:
-      for (int64_t i = 0; i < n; ++i) {
-        const float gc = gate[i] > L ? L : gate[i];
-        m[i] = (vclamp(up[i], -L, L) + 1.0f) * gc * vsigmoid(alpha * gc);
-      }
-      break;
-    case Activation::silu:
-      for (int64_t i = 0; i < n; ++i) m[i] = gate[i] * vsigmoid(gate[i]) * up[i];
-      break;
-    case Activation::gelu:
-      for (int64_t i = 0; i < n; ++i)
-        m[i] = 0.5f * gate[i] * (1.0f + verf(gate[i] * 0.70710678118654752f)) * up[i];
-      break;
-    case Activation::gelu_tanh:
-      for (int64_t i = 0; i < n; ++i) {
-        const float g = gate[i];
-        m[i] =
-            0.5f * g * (1.0f + vtanh(0.79788456080286536f * (g + 0.044715f * g * g * g))) * up[i];
-      }
-      break;
-  }
-}
+// The functions activate_f32<VecMath>() (common/activation.hpp) computes with.
+struct VecMath {
+  static float sigmoid(float z) { return vsigmoid(z); }
+  static float erf(float x) { return verf(x); }
+  static float tanh(float x) { return vtanh(x); }
+  static float clamp(float v, float lo, float hi) { return v < lo ? lo : (v > hi ? hi : v); }
+};
 
 }  // namespace
 }  // namespace w4a8moe::detail

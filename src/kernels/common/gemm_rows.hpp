@@ -30,5 +30,19 @@ consteval std::array<GemmFn, kTileM> gemm_by_rows(Pick pick) {
   (std::make_integer_sequence<int, kTileM>());
 }
 
+// The GEMM of a set whose register tile is tile.template operator()<M, NP>(args, n0) (M rows x NP
+// panels of kPanel rows from padded row n0), for calls of m = 1..kTileM rows: one instantiation per
+// row count, its output rows in tiles of kPanelsOneRow panels for one row, kPanels for more.
+template <int kTileM, int64_t kPanel, int kPanelsOneRow, int kPanels, class Tile>
+inline void gemm_panel_tiles(const GemmArgs& args, Tile) {
+  static constexpr auto kByRows = gemm_by_rows<kTileM>([]<int M>() -> GemmFn {
+    return [](const GemmArgs& a) {
+      for_each_panel_tile<kPanel, M == 1 ? kPanelsOneRow : kPanels>(
+          a, [&]<int NP>(int64_t n0) { Tile{}.template operator()<M, NP>(a, n0); });
+    };
+  });
+  kByRows[static_cast<size_t>(args.m - 1)](args);
+}
+
 }  // namespace
 }  // namespace w4a8moe::detail

@@ -5,7 +5,7 @@
 namespace w4a8moe::detail::ref {
 
 void activate(const MoeParams& params, const float* gate, const float* up, float* m, int64_t n) {
-  apply_activation(params, gate, up, m, n);
+  activate_f32<LibmMath>(params, gate, up, m, n);
 }
 
 }  // namespace w4a8moe::detail::ref

@@ -11,7 +11,7 @@ static_assert(
 namespace w4a8moe::detail::avx512vnni {
 
 void activate(const MoeParams& params, const float* gate, const float* up, float* m, int64_t n) {
-  activate_vec(params, gate, up, m, n);
+  activate_f32<VecMath>(params, gate, up, m, n);
 }
 
 }  // namespace w4a8moe::detail::avx512vnni

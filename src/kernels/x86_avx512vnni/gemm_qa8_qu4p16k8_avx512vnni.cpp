@@ -13,10 +13,10 @@
 #include <immintrin.h>
 
 #include <cassert>
-#include <cstring>
 
 #include "cpu/compiled_isa.hpp"
 #include "kernels/common/gemm_rows.hpp"
+#include "kernels/common/load_unaligned.hpp"
 #include "kernels/common/prefetch.hpp"
 #include "kernels/x86_avx512vnni/avx512vnni_kernels.hpp"
 #include "kernels/x86_avx512vnni/load_scales_zmm.hpp"
@@ -31,16 +31,10 @@ namespace {
 
 constexpr int64_t kPanel = 16;
 
-inline int32_t load_i32(const void* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
 // acc += u8 weights (w) x 4 s8 activations at p broadcast to every lane (the broadcast is a
 // load-port uop on x86, so it costs none of the vector ALU ports `vpdpbusd` runs on).
 inline __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t* p) {
-  return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(load_i32(p)));
+  return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(load_unaligned<int32_t>(p)));
 }
 
 // Output rows [n0, n0 + 16 * NP) of the padded row space. kChunks: chunks of 8 columns per scale
@@ -84,7 +78,8 @@ void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
     for (int m = 0; m < M; ++m) {
       // the row's group terms follow its cols_padded bytes (see run()): addressed from q[m],
       // so that no register holds a second pointer per row
-      const __m512i start = _mm512_set1_epi32(load_i32(q[m] + g.cols_padded + 4 * b));
+      const __m512i start =
+          _mm512_set1_epi32(load_unaligned<int32_t>(q[m] + g.cols_padded + 4 * b));
       for (int p = 0; p < NP; ++p) {
         lo_acc[m][p] = start;
         if constexpr (kSplit) hi_acc[m][p] = _mm512_setzero_si512();

@@ -10,9 +10,9 @@
 #include <immintrin.h>
 
 #include <cassert>
-#include <cstring>
 
 #include "kernels/common/gemm_rows.hpp"
+#include "kernels/common/load_unaligned.hpp"
 #include "kernels/common/prefetch.hpp"
 #include "kernels/kernel.hpp"
 
@@ -20,12 +20,6 @@ namespace w4a8moe::detail {
 namespace {
 
 constexpr int64_t kYmmPanel = 8;
-
-inline int32_t load_i32(const void* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
 
 // acc_lo += lo * al and acc_hi += hi * ah (4-column groups per int32 lane). VNNI keeps two
 // accumulators so that twice as many `vpdpbusd` chains are in flight (latency about 5, two
@@ -97,7 +91,8 @@ void ymm_tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
     for (int m = 0; m < M; ++m) {
       // the row's group terms follow its cols_padded bytes (kernel.hpp): addressed from q[m],
       // so that no register holds a second pointer per row
-      const __m256i start = _mm256_set1_epi32(load_i32(q[m] + g.cols_padded + 4 * b));
+      const __m256i start =
+          _mm256_set1_epi32(load_unaligned<int32_t>(q[m] + g.cols_padded + 4 * b));
       for (int p = 0; p < NP; ++p) {
         iacc[m][p] = start;
         if constexpr (kSplit) hacc[m][p] = _mm256_setzero_si256();
@@ -115,8 +110,8 @@ void ymm_tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
       }
       const int64_t k = k_begin + c * 8;
       for (int m = 0; m < M; ++m) {
-        const __m256i al = _mm256_set1_epi32(load_i32(q[m] + k));
-        const __m256i ah = _mm256_set1_epi32(load_i32(q[m] + k + 4));
+        const __m256i al = _mm256_set1_epi32(load_unaligned<int32_t>(q[m] + k));
+        const __m256i ah = _mm256_set1_epi32(load_unaligned<int32_t>(q[m] + k + 4));
         for (int p = 0; p < NP; ++p) {
           if constexpr (kSplit)
             dot8<kVnni>(iacc[m][p], hacc[m][p], lo[p], al, hi[p], ah);
