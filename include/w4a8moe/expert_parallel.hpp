@@ -181,7 +181,11 @@ class Dispatch {
   std::vector<float> weights_, sums_;
   std::vector<uint8_t> results_;
   // combine()
+  struct ReturnedSlot {
+    int64_t expert, slot, row;
+  };
   std::vector<float> acc_;
+  std::vector<std::vector<ReturnedSlot>> token_slots_;  // exact: per thread, a token's rows
 };
 
 }  // namespace w4a8moe

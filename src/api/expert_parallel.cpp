@@ -437,9 +437,14 @@ void Dispatch::compute(Context& context, std::span<const uint8_t> received,
   staged.recip_offset = kRecRecip;
   staged.zp_offset = kRecZp;
   const bool f32 = config_.result_dtype == ResultDType::f32;
-  const auto rows = static_cast<size_t>(R * (config_.exact ? slots : 1));
-  sums_.resize(rows * static_cast<size_t>(H));
-  const MutableTensorView out = MutableTensorView::of(sums_.data(), DType::f32, {R, H});
+  // f32 results of whole records are the sums themselves: written in place
+  const bool in_place = f32 && !config_.exact;
+  if (in_place)
+    results_.resize(static_cast<size_t>(R * H) * 4);
+  else
+    sums_.resize(static_cast<size_t>(R * (config_.exact ? slots : 1) * H));
+  void* sums = in_place ? static_cast<void*>(results_.data()) : static_cast<void*>(sums_.data());
+  const MutableTensorView out = MutableTensorView::of(sums, DType::f32, {R, H});
   set_weights(job, w13, w2, w13_packed, w2_packed);
   job.staged = &staged;
   job.ids = &ids;
@@ -453,24 +458,21 @@ void Dispatch::compute(Context& context, std::span<const uint8_t> received,
   // The result rows in record order (exact: each record's local slots in slot order).
   result_counts_.assign(recv_counts.begin(), recv_counts.end());
   if (config_.exact) {
+    const auto local = std::count_if(ids_.begin(), ids_.end(), [](int32_t e) { return e >= 0; });
+    results_.resize(static_cast<size_t>(local * H) * 4);
+    const size_t row_bytes = static_cast<size_t>(H) * 4;
     int64_t kept = 0, process = 0, process_end = recv_counts.empty() ? 0 : recv_counts[0];
     std::fill(result_counts_.begin(), result_counts_.end(), 0);
     for (int64_t i = 0; i < R; ++i) {
       while (i >= process_end) process_end += recv_counts[static_cast<size_t>(++process)];
       for (int64_t k = 0; k < slots; ++k) {
         if (ids_[static_cast<size_t>(i * slots + k)] < 0) continue;
-        if (kept != i * slots + k)
-          std::copy_n(sums_.data() + (i * slots + k) * H, H, sums_.data() + kept * H);
-        ++kept;
+        std::memcpy(results_.data() + static_cast<size_t>(kept++) * row_bytes,
+                    sums_.data() + (i * slots + k) * H, row_bytes);
         ++result_counts_[static_cast<size_t>(process)];
       }
     }
-    results_.resize(static_cast<size_t>(kept * H) * 4);
-    std::copy_n(reinterpret_cast<const uint8_t*>(sums_.data()), results_.size(), results_.data());
-  } else if (f32) {
-    results_.resize(static_cast<size_t>(R * H) * 4);
-    std::copy_n(reinterpret_cast<const uint8_t*>(sums_.data()), results_.size(), results_.data());
-  } else {
+  } else if (!in_place) {  // bf16
     results_.resize(static_cast<size_t>(R * H) * 2);
     auto* dst = reinterpret_cast<uint16_t*>(results_.data());
     for (size_t i = 0; i < static_cast<size_t>(R * H); ++i) dst[i] = f32_to_bf16(sums_[i]);
@@ -504,14 +506,11 @@ void Dispatch::combine(Context& context, std::span<const uint8_t> returned,
   acc_.resize(static_cast<size_t>(pool.size()) * per_thread);
   const bool f32 = config_.result_dtype == ResultDType::f32;
   const bool on_input = config_.params.apply_router_weight_on_input;
-  struct Slot {
-    int64_t expert, slot, row;
-  };
-  std::vector<std::vector<Slot>> slots(static_cast<size_t>(pool.size()));
+  token_slots_.resize(static_cast<size_t>(pool.size()));
   auto body = [&](int tid) {
     float* acc = acc_.data() + static_cast<size_t>(tid) * per_thread;
     float* y = acc + H;
-    std::vector<Slot>& mine = slots[static_cast<size_t>(tid)];
+    std::vector<ReturnedSlot>& mine = token_slots_[static_cast<size_t>(tid)];
     auto add_row = [&](int64_t row, float weight) {
       const uint8_t* src = returned.data() + static_cast<size_t>(row) * row_bytes;
       if (f32)
@@ -541,10 +540,10 @@ void Dispatch::combine(Context& context, std::span<const uint8_t> returned,
             if (carried) mine.push_back({topk_ids_[static_cast<size_t>(t * K + k)], k, row++});
           }
         }
-        std::sort(mine.begin(), mine.end(), [](const Slot& a, const Slot& b) {
+        std::sort(mine.begin(), mine.end(), [](const ReturnedSlot& a, const ReturnedSlot& b) {
           return a.expert != b.expert ? a.expert < b.expert : a.slot < b.slot;
         });
-        for (const Slot& sl : mine)
+        for (const ReturnedSlot& sl : mine)
           add_row(sl.row, on_input ? 1.0f : topk_weights_[static_cast<size_t>(t * K + sl.slot)]);
       }
       const int64_t base = t * out.stride();

@@ -382,13 +382,6 @@ void print_text(const BenchOptions& o, const Figures& f, int threads,
 
 // ---- --expert-parallel: the layer over the processes of an mpirun ----
 
-// This process's rows [first, first + count) of a [T, cols] tensor.
-TensorView rows_of(const TensorView& v, int64_t first, int64_t count) {
-  const size_t row = static_cast<size_t>(v.stride()) * dtype_bytes(v.dtype);
-  return TensorView::of(static_cast<const uint8_t*>(v.data) + static_cast<size_t>(first) * row,
-                        v.dtype, {count, v.shape[1]}, v.row_stride);
-}
-
 // Per timed run, over the processes: the slowest process's time, and this process's
 // communication time and bytes.
 struct ParallelTimings {
@@ -476,16 +469,17 @@ int bench_parallel(const BenchOptions& o, const BenchLayer& b, Parallel& paralle
   const bool report = parallel.rank() == 0;
   if (!o.json && report) print_header(o, b, ctx, kernel_set);
   parallel.setup(E, b.experts.w13, b.experts.w2, K, b.params);
-  const auto [t0, n] = parallel.token_run(T);
+  const int64_t n = parallel.token_run(T).second;  // this process's tokens
   OutputTensor mine(b.x_dtype, n, H);
   std::vector<Routing> routings;
   for (int r = 0; r <= o.repeat; ++r)
     routings.push_back(
         make_routing(T, E, K, o.routing == "skewed", o.seed + 1000u * static_cast<unsigned>(r)));
-  const RunForward run = [&, t0 = t0, n = n](const Routing& rt) {
-    parallel.forward(
-        ctx, rows_of(xv, t0, n), rows_of(TensorView::of(rt.ids.data(), DType::i32, {T, K}), t0, n),
-        rows_of(TensorView::of(rt.weights.data(), DType::f32, {T, K}), t0, n), mine.view);
+  const RunForward run = [&](const Routing& rt) {
+    parallel.forward(ctx, parallel.rows_of(xv),
+                     parallel.rows_of(TensorView::of(rt.ids.data(), DType::i32, {T, K})),
+                     parallel.rows_of(TensorView::of(rt.weights.data(), DType::f32, {T, K})),
+                     mine.view);
   };
   ParallelCheck check;
   if (b.check) {

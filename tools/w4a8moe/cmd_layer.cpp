@@ -247,17 +247,13 @@ double time_layer_parallel(const Layer& l, const HiddenStates& hs, int repeat, C
   const int64_t T = hs.x.shape[0], H = info.hidden, K = info.top_k;
   parallel.setup(info.experts, l.routed.packed.w13.bytes(), l.routed.packed.w2.bytes(), K,
                  info.params);
-  const auto [t0, n] = parallel.token_run(T);
-  const auto rows = [&, t0 = t0, n = n](const TensorView& v) {
-    const size_t row = static_cast<size_t>(v.stride()) * dtype_bytes(v.dtype);
-    return TensorView::of(static_cast<const uint8_t*>(v.data) + static_cast<size_t>(t0) * row,
-                          v.dtype, {n, v.shape[1]}, v.row_stride);
-  };
+  const int64_t n = parallel.token_run(T).second;  // this process's tokens
   OutputTensor mine(out.dtype, n, H);
   const auto run = [&] {
-    parallel.forward(context, rows(hs.x),
-                     rows(TensorView::of(l.routed.ids.data(), DType::i32, {T, K})),
-                     rows(TensorView::of(l.routed.weights.data(), DType::f32, {T, K})), mine.view);
+    parallel.forward(context, parallel.rows_of(hs.x),
+                     parallel.rows_of(TensorView::of(l.routed.ids.data(), DType::i32, {T, K})),
+                     parallel.rows_of(TensorView::of(l.routed.weights.data(), DType::f32, {T, K})),
+                     mine.view);
   };
   run();  // warm-up
   std::vector<double> times;

@@ -81,14 +81,10 @@ void run_parallel(Parallel& parallel, Context& context, const io::LoadedCase& c,
                   const PackedExperts& experts, OutputTensor& out) {
   const int64_t K = c.topk_ids.shape[1], H = c.x.shape[1];
   parallel.setup(c.weights.w13.shape[0], experts.w13, experts.w2, K, c.params);
-  const auto [t0, n] = parallel.token_run(c.x.shape[0]);
-  const auto rows = [&, t0 = t0, n = n](const TensorView& v) {
-    const size_t row = static_cast<size_t>(v.stride()) * dtype_bytes(v.dtype);
-    return TensorView::of(static_cast<const uint8_t*>(v.data) + static_cast<size_t>(t0) * row,
-                          v.dtype, {n, v.shape[1]}, v.row_stride);
-  };
+  const int64_t n = parallel.token_run(c.x.shape[0]).second;  // this process's tokens
   OutputTensor mine(c.x.dtype, n, H);
-  parallel.forward(context, rows(c.x), rows(c.topk_ids), rows(c.topk_weights), mine.view);
+  parallel.forward(context, parallel.rows_of(c.x), parallel.rows_of(c.topk_ids),
+                   parallel.rows_of(c.topk_weights), mine.view);
   const std::vector<uint8_t> all =
       parallel.gather_rows({reinterpret_cast<const uint8_t*>(mine.storage.data()), mine.bytes});
   if (parallel.rank() == 0) std::memcpy(out.storage.data(), all.data(), out.bytes);

@@ -152,4 +152,11 @@ std::pair<int64_t, int64_t> Parallel::token_run(int64_t tokens) const {
   return {first, tokens * (rank_ + 1) / ranks_ - first};
 }
 
+TensorView Parallel::rows_of(const TensorView& v) const {
+  const auto [first, count] = token_run(v.shape[0]);
+  const size_t row = static_cast<size_t>(v.stride()) * dtype_bytes(v.dtype);
+  return TensorView::of(static_cast<const uint8_t*>(v.data) + static_cast<size_t>(first) * row,
+                        v.dtype, {count, v.shape[1]}, v.row_stride);
+}
+
 }  // namespace w4a8moe::cli

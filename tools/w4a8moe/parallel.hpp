@@ -36,6 +36,8 @@ class Parallel {
   // The tokens this process runs of a batch of T: [first, first + count). Dispatch: an even
   // share of the batch; all-reduce and one process: all of it.
   std::pair<int64_t, int64_t> token_run(int64_t tokens) const;
+  // This process's rows (token_run of its T) of a [T, cols] tensor.
+  TensorView rows_of(const TensorView& v) const;
 
   // Collective: the adapter for this process's packed experts (kept by the caller).
   void setup(int64_t experts, std::span<const uint8_t> w13, std::span<const uint8_t> w2,
