@@ -2,26 +2,24 @@
 // compiled per backend: gemm_qa8_qu4p16_amx.cpp (the instructions), gemm_qa8_qu4p16_amxemu.cpp
 // (the software model). Internal linkage throughout, so the two copies never mix.
 //
-// Operands (docs/amx.md): the A tile holds 16 activation rows as u8 (q + 128, staged
-// from the int8 rows with one XOR), the B tile 16 outputs of the weights as s8 in the VNNI order
-// `tdpbusd` reads (row r: columns 4r..4r+3 of each of the 16 outputs). In qu4_p16k8 one 64-byte
-// chunk of a panel is exactly two such rows in offset nibbles: `vpermb` with a table of
-// (j & 15) - 8 turns the low nibbles into the first and, after a shift, the high nibbles into
-// the second.
+// Operands (docs/amx.md): the A tile holds 16 activation rows as the quantizer's int8 (staged to
+// one stride), the B tile 16 outputs of the weights as s8 in the VNNI order `tdpbssd` reads (row
+// r: columns 4r..4r+3 of each of the 16 outputs). In qu4_p16k8 one 64-byte chunk of a panel is
+// exactly two such rows in offset nibbles: `vpermb` with a table of (j & 15) - 8 turns the low
+// nibbles into the first and, after a shift, the high nibbles into the second.
 //
 // Blocking: K in blocks whose activation columns (all rows of the call) fit in a few KiB; per
 // block and panel of 16 outputs the weights are unpacked once into an L1 buffer and read by every
 // 16-row tile of the call; each tile's running sums live in a per-call buffer between blocks.
 //
 // Results equal the avx512vnni GEMM's to the bit (the set switches between the two by rows per
-// call, and a row's result must not depend on its call): each scale group's int32 sum
-// SUM (q + 128) * w plus -128 * SUM w (a per-group, per-output vector made while unpacking) is
-// SUM q * w exactly; it is multiplied by the group's scales and added in ascending group order,
-// and the epilogue is the same arithmetic. Channelwise: one sum over K, corrected in int32 by (128
-// + zp) * SUM w.
+// call, and a row's result must not depend on its call): `tdpbssd` gives each scale group's
+// SUM q * w exactly, the integer the zmm GEMM gets as SUM (q + 128) * w - 128 * SUM w; it is
+// converted, multiplied by the group's scales and added in ascending group order, and the
+// epilogue is the same arithmetic. Channelwise: one sum over K, corrected in int32 by zp * SUM w.
 //
 // Tiles: 0-3 int32 sums (16 x 16; scale groups take them in rotation, a group's sums being
-// stored and scaled in f32 three groups after its `tdpbusd` were issued, so that the AVX-512
+// stored and scaled in f32 three groups after its `tdpbssd` were issued, so that the AVX-512
 // scaling overlaps the tile unit's work); 4, 5 activations (16 rows x kStep bytes); 6, 7 weights
 // (kStep / 4 rows x 64 bytes). kStep = 32 when the group length is an odd multiple of 32 (g = 32:
 // a group is half a tile's depth), else 64.
@@ -34,6 +32,7 @@
 #include <cassert>
 #include <cstdlib>
 #include <memory>
+#include <utility>
 
 #include "cpu/compiled_isa.hpp"
 #include "kernels/common/prefetch.hpp"
@@ -48,13 +47,31 @@ namespace w4a8moe::detail {
 namespace {
 
 constexpr int64_t kAmxPanel = 16;
-// Group sums start at this integer, so that a sum i is stored as the f32 bits of 1.5 * 2^23 + i
-// (exact for |i| < 2^22, which holds for groups of up to 4096 columns: |i| <= 1024 * g): one
-// f32 subtraction gives i as f32, the value vcvtdq2ps would give, without the conversion, which
-// issues on one port only on Intel cores.
-constexpr int32_t kFloatBias = 0x4B400000;
-constexpr float kFloatBiasValue = 12582912.0f;
-static_assert(std::bit_cast<float>(kFloatBias) == kFloatBiasValue);
+
+
+
+// The f32 sums of a 16 x 16 tile (one zmm per row) are only ever passed to these functions, never
+// captured by a lambda, and indexed only by the constants of a pack: so the compiler keeps them
+// in registers (an array whose address a closure holds, or that a loop indexes before
+// unrolling, lives on the stack, and every group's FMA goes through memory).
+template <int... R>
+__attribute__((always_inline)) inline void rows_load(__m512 (&f)[16], const float* src, bool zero,
+                                                     std::integer_sequence<int, R...>) {
+  ((f[R] = zero ? _mm512_setzero_ps() : _mm512_load_ps(src + R * 16)), ...);
+}
+template <int... R>
+__attribute__((always_inline)) inline void rows_store(const __m512 (&f)[16], float* dst,
+                                                      std::integer_sequence<int, R...>) {
+  (_mm512_store_ps(dst + R * 16, f[R]), ...);
+}
+// f += (the group sums c, as f32) * the group's scales s, row by row.
+template <int... R>
+__attribute__((always_inline)) inline void rows_accumulate(__m512 (&f)[16], const int32_t* c,
+                                                           __m512 s,
+                                                           std::integer_sequence<int, R...>) {
+  ((f[R] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + R * 16)), s, f[R])), ...);
+}
+constexpr auto kRows16 = std::make_integer_sequence<int, 16>();
 
 TileConfig amx_config(int k_step) {
   TileConfig c;
@@ -101,7 +118,6 @@ struct AmxBuffers {
   };
   std::unique_ptr<uint8_t, Free> a, w, group, acc;
   size_t a_bytes = 0, w_bytes = 0, group_bytes = 0, acc_bytes = 0;
-  alignas(64) int32_t c[4][16 * 16];
 
   static uint8_t* grow(std::unique_ptr<uint8_t, Free>& p, size_t& have, size_t want) {
     if (want > have) {
@@ -119,189 +135,169 @@ AmxBuffers& amx_buffers() {
   return b;
 }
 
-// Columns [k0, k0 + len) of the call's rows as u8 (q + 128), `stride` bytes apart, padded with
-// zero rows to a multiple of 16.
+// Columns [k0, k0 + len) of the call's int8 rows, `stride` bytes apart, padded with zero rows to
+// a multiple of 16 (tile loads read rows at one stride; the quantizer's rows are apart).
 void amx_stage_block(const GemmArgs& args, int64_t k0, int64_t len, int64_t stride, uint8_t* a) {
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   const int64_t rows16 = (args.m + 15) / 16 * 16;
-  for (int64_t r = 0; r < args.m; ++r) {
-    const uint8_t* src = static_cast<const uint8_t*>(args.a[r].data) + k0;
-    uint8_t* dst = a + r * stride;
-    int64_t k = 0;
-    for (; k + 64 <= len; k += 64)
-      _mm512_storeu_si512(dst + k, _mm512_xor_si512(_mm512_loadu_si512(src + k), flip));
-    if (k < len) {  // len is a multiple of 32
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k),
-                          _mm256_xor_si256(v, _mm512_castsi512_si256(flip)));
-    }
-  }
+  for (int64_t r = 0; r < args.m; ++r)
+    std::memcpy(a + r * stride, static_cast<const uint8_t*>(args.a[r].data) + k0,
+                static_cast<size_t>(len));
   for (int64_t r = args.m; r < rows16; ++r)
     std::memset(a + r * stride, 0, static_cast<size_t>(len));
 }
 
 // Columns [k0, k0 + len) of one panel of 16 outputs: the weights as s8 VNNI rows (w + (k - k0) *
-// 16 for column k, a multiple of 4), and per scale group of the block the accumulator start
-// sum_bias - 128 * SUM w (int32 x 16) and the scales as f32 (channelwise: neither; the epilogue
-// reads the panel's scales).
+// 16 for column k, a multiple of 4), and per scale group of the block the scales as f32
+// (channelwise: none; the epilogue reads the panel's scales).
 void amx_unpack_block(const Geometry& g, const uint8_t* panel_weights, const uint8_t* scales,
-                      int64_t panel, int64_t k0, int64_t len, uint8_t* w, int32_t* start,
-                      float* scale, int32_t sum_bias, Prefetcher& pf) {
+                      int64_t panel, int64_t k0, int64_t len, uint8_t* w, float* scale,
+                      Prefetcher& pf) {
   alignas(64) static constexpr int8_t kTable[64] = {
       -8, -7, -6, -5, -4, -3, -2, -1, 0,  1,  2,  3,  4,  5,  6,  7,  -8, -7, -6, -5, -4, -3,
       -2, -1, 0,  1,  2,  3,  4,  5,  6,  7,  -8, -7, -6, -5, -4, -3, -2, -1, 0,  1,  2,  3,
       4,  5,  6,  7,  -8, -7, -6, -5, -4, -3, -2, -1, 0,  1,  2,  3,  4,  5,  6,  7};
   const __m512i table = _mm512_load_si512(kTable);
-  const __m512i u128 = _mm512_set1_epi8(static_cast<char>(0x80));
-  if (g.group_size < 0) {
-    for (int64_t c = k0 / 8; c < (k0 + len) / 8; ++c) {
-      const __m512i raw = _mm512_loadu_si512(panel_weights + c * 64);
-      uint8_t* dst = w + (c * 8 - k0) * 16;
-      _mm512_store_si512(dst, _mm512_permutexvar_epi8(raw, table));
-      _mm512_store_si512(dst + 64, _mm512_permutexvar_epi8(_mm512_srli_epi16(raw, 4), table));
-    }
-    pf.step(len / 32);
-    return;  // the panel's scales are read by the epilogue
+  for (int64_t c = k0 / 8; c < (k0 + len) / 8; ++c) {
+    const __m512i raw = _mm512_loadu_si512(panel_weights + c * 64);
+    uint8_t* dst = w + (c * 8 - k0) * 16;
+    _mm512_store_si512(dst, _mm512_permutexvar_epi8(raw, table));
+    _mm512_store_si512(dst + 64, _mm512_permutexvar_epi8(_mm512_srli_epi16(raw, 4), table));
   }
-  const int64_t chunks_per_group = g.group_len / 8;
-  for (int64_t b = k0 / g.group_len; b < (k0 + len) / g.group_len; ++b) {
-    // SUM w per output: one vpdpbusd per chunk on lo + hi (each in [-16, 14]), four
-    // independent chains
-    __m512i sum[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
-                      _mm512_setzero_si512()};
-    for (int64_t c = b * chunks_per_group; c < (b + 1) * chunks_per_group; ++c) {
-      const __m512i raw = _mm512_loadu_si512(panel_weights + c * 64);
-      const __m512i lo = _mm512_permutexvar_epi8(raw, table);
-      const __m512i hi = _mm512_permutexvar_epi8(_mm512_srli_epi16(raw, 4), table);
-      uint8_t* dst = w + (c * 8 - k0) * 16;
-      _mm512_store_si512(dst, lo);
-      _mm512_store_si512(dst + 64, hi);
-      sum[c & 3] = _mm512_dpbusd_epi32(sum[c & 3], u128, _mm512_add_epi8(lo, hi));
-    }
-    pf.step(chunks_per_group);
-    const __m512i total =
-        _mm512_add_epi32(_mm512_add_epi32(sum[0], sum[1]), _mm512_add_epi32(sum[2], sum[3]));
-    const int64_t local = b - k0 / g.group_len;
-    _mm512_store_si512(start + local * 16, _mm512_sub_epi32(_mm512_set1_epi32(sum_bias), total));
-    _mm512_store_ps(scale + local * 16,
+  pf.step(len / 8);
+  if (g.group_size < 0) return;  // the panel's scales are read by the epilogue
+  for (int64_t b = k0 / g.group_len; b < (k0 + len) / g.group_len; ++b)
+    _mm512_store_ps(scale + (b - k0 / g.group_len) * 16,
                     load_scales_zmm(scales, g.scale_dtype, (panel * g.groups + b) * kAmxPanel));
-  }
 }
 
-// One 16-row tile against one unpacked panel block of `len` columns. `acc` holds the tile's
-// running sums between blocks: f32 x 16 x 16 for scale groups (the group sums scaled and added,
-// in ascending group order), int32 for channelwise; `first` starts them at zero.
-// kSteps: steps of kStep per scale group when known at compile time (g = 32, 64, 128), else 0.
-// kBiased: the group sums carry kFloatBias (groups of up to 4096 columns).
-template <class Tiles, int kStep, int kSteps, bool kChannelwise, bool kBiased>
-void amx_tile_block(const Geometry& g, const uint8_t* a, int64_t a_stride, const uint8_t* w,
-                    const int32_t* start, const float* scale, int64_t len, int32_t (&acc)[256],
-                    bool first, AmxBuffers& buf) {
-  const int64_t steps = kSteps > 0 ? kSteps : g.group_len / kStep;
-  // one step of depth kStep at column k into sum tile C, with operand tiles of parity P
-  auto step = [&]<int C, int P>(int64_t k) __attribute__((always_inline)) {
+// One 16-row tile against one unpacked panel block of `len` columns, channelwise: one int32
+// sum over K, kept in `acc` between blocks (`first` starts it at zero).
+template <class Tiles, int kStep>
+void amx_channelwise_block(const uint8_t* a, int64_t a_stride, const uint8_t* w, int64_t len,
+                           int32_t (&acc)[256], bool first) {
+  auto step = [&]<int P>(int64_t k) __attribute__((always_inline)) {
     Tiles::template load<4 + P>(a + k, a_stride);
     Tiles::template load<6 + P>(w + k * 16, 64);
-    Tiles::template dpbusd<C, 4 + P, 6 + P>();
+    Tiles::template dpbssd<0, 4 + P, 6 + P>();
   };
-
-  if constexpr (kChannelwise) {
-    if (first)
-      Tiles::template zero<0>();
-    else
-      Tiles::template load<0>(acc, 64);
-    int64_t k = 0;
-    for (; k + 2 * kStep <= len; k += 2 * kStep) {
-      step.template operator()<0, 0>(k);
-      step.template operator()<0, 1>(k + kStep);
-    }
-    if (k < len) step.template operator()<0, 0>(k);
-    Tiles::template store<0>(acc);
-  } else {
-    auto group = [&]<int C>(int64_t b) __attribute__((always_inline)) {
-      Tiles::template zero<C>();
-      const int64_t k0 = b * (kSteps > 0 ? kSteps * kStep : g.group_len);
-      if constexpr (kSteps == 1) {
-        step.template operator()<C, C % 2>(k0);
-      } else if constexpr (kSteps == 2) {
-        step.template operator()<C, C % 2>(k0);
-        step.template operator()<C, 1 - C % 2>(k0 + kStep);
-      } else {
-        int64_t s = 0;
-        for (; s + 2 <= steps; s += 2) {
-          step.template operator()<C, C % 2>(k0 + s * kStep);
-          step.template operator()<C, 1 - C % 2>(k0 + (s + 1) * kStep);
-        }
-        if (s < steps) step.template operator()<C, C % 2>(k0 + s * kStep);
-      }
-    };
-    float* accf = reinterpret_cast<float*>(acc);
-    __m512 f[16];
-#pragma GCC unroll 16
-    for (int r = 0; r < 16; ++r) f[r] = first ? _mm512_setzero_ps() : _mm512_load_ps(accf + r * 16);
-    // Group b's sums leave tile b % 4 for buffer b % 4 kLag groups after its `tdpbusd` were
-    // issued (the tile unit has finished them by then), and are read back one group later still
-    // (a vector load right behind a tile store of the same line waits for the store to
-    // complete): the f32 sums take group b - 1 when group b is stored.
-    constexpr int kLag = 3;
-    const __m512 bias_value = _mm512_set1_ps(kFloatBiasValue);
-    auto accumulate = [&](int64_t b) __attribute__((always_inline)) {
-      const __m512 s = _mm512_load_ps(scale + b * 16);
-      const __m512i st = _mm512_load_si512(start + b * 16);
-      const int32_t* c = buf.c[b % 4];
-#pragma GCC unroll 16
-      for (int r = 0; r < 16; ++r) {
-        // the group's start, added in int32 (a stride-0 tile load of it into the sum tile
-        // measured slower: tile loads and stores are the tile unit's scarce resource)
-        const __m512i raw = _mm512_add_epi32(_mm512_load_si512(c + r * 16), st);
-        const __m512 sum =
-            kBiased ? _mm512_sub_ps(_mm512_castsi512_ps(raw), bias_value) : _mm512_cvtepi32_ps(raw);
-        f[r] = _mm512_fmadd_ps(sum, s, f[r]);
-      }
-    };
-    auto scale_group = [&]<int C>(int64_t b) __attribute__((always_inline)) {
-      Tiles::template store<C>(buf.c[C]);
-      if (b > 0) accumulate(b - 1);
-    };
-    const int64_t groups = len / g.group_len;
-    auto slot = [&]<int T>(int64_t b) __attribute__((always_inline)) {
-      if (b < groups) group.template operator()<T>(b);
-      if (b >= kLag && b - kLag < groups)
-        scale_group.template operator()<(T + 4 - kLag) % 4>(b - kLag);
-    };
-    int64_t b = 0;
-    // steady state: four groups issued, four scaled, no conditions
-    if (groups >= 4 + kLag) {
-      slot.template operator()<0>(0);
-      slot.template operator()<1>(1);
-      slot.template operator()<2>(2);
-      slot.template operator()<3>(3);
-      for (b = 4; b + 4 <= groups; b += 4) {
-        group.template operator()<0>(b);
-        scale_group.template operator()<(4 - kLag) % 4>(b - kLag);
-        group.template operator()<1>(b + 1);
-        scale_group.template operator()<(5 - kLag) % 4>(b + 1 - kLag);
-        group.template operator()<2>(b + 2);
-        scale_group.template operator()<(6 - kLag) % 4>(b + 2 - kLag);
-        group.template operator()<3>(b + 3);
-        scale_group.template operator()<(7 - kLag) % 4>(b + 3 - kLag);
-      }
-    }
-    for (; b < groups + kLag; b += 4) {
-      slot.template operator()<0>(b);
-      slot.template operator()<1>(b + 1);
-      slot.template operator()<2>(b + 2);
-      slot.template operator()<3>(b + 3);
-    }
-    accumulate(groups - 1);
-#pragma GCC unroll 16
-    for (int r = 0; r < 16; ++r) _mm512_store_ps(accf + r * 16, f[r]);
+  if (first)
+    Tiles::template zero<0>();
+  else
+    Tiles::template load<0>(acc, 64);
+  int64_t k = 0;
+  for (; k + 2 * kStep <= len; k += 2 * kStep) {
+    step.template operator()<0>(k);
+    step.template operator()<1>(k + kStep);
   }
+  if (k < len) step.template operator()<0>(k);
+  Tiles::template store<0>(acc);
+}
+
+// The unpacked block of one panel: weights (VNNI rows) and per scale group the scales.
+struct AmxPanelBlock {
+  const uint8_t* w;
+  const float* scale;
+};
+
+// One K block of `len` columns with scale groups: every (panel, 16-row tile) pair of the call,
+// panel by panel, as one pipeline of groups that never drains between pairs. Group i goes to
+// sum tile i % 4; its sums are stored kLag groups after its `tdpbusd` were issued (the tile
+// unit has finished them by then) and scaled in f32 one group later still (a vector load right
+// behind a tile store of the same line waits for the store to complete), so that the tile unit,
+// the tile stores and the f32 work overlap, across pairs as within them. The f32 sums of a
+// pair live in registers from its first group's scaling to its last, and in `acc` (index t *
+// panels + p) between blocks; `first` starts them at zero. unpack(p) writes panel p's block
+// (called for panel p + 1 when panel p's first group is issued: its buffers must not be those
+// that panel p - 1's groups in flight still read); block(p) gives it.
+template <class Tiles, int kStep, int kSteps, class Unpack, class Block>
+void amx_groups_block(const Geometry& g, const uint8_t* a, int64_t a_stride, int64_t tiles,
+                      int64_t panels, int64_t len, int32_t (*acc)[256], bool first,
+                      int32_t (*c_ring)[256], Unpack&& unpack, Block&& block) {
+  const int64_t steps = kSteps > 0 ? kSteps : g.group_len / kStep;
+  const int64_t groups = len / g.group_len, total = groups * tiles * panels;
+  constexpr int kLag = 3;
+
+  // the issuing side: pair (t, p), group b of it
+  struct Cursor {
+    int64_t t = 0, p = 0, b = 0;
+  };
+  Cursor in, out;
+  AmxPanelBlock in_block = block(0), out_block = in_block;
+  const uint8_t* in_a = a;
+  auto issue = [&]<int C>() __attribute__((always_inline)) {
+    if (in.b == 0 && in.t == 0) {
+      if (in.p + 1 < panels) unpack(in.p + 1);
+      amx_memory_barrier();  // the unpacked block is in memory before tiles load it
+    }
+    auto step = [&]<int P>(int64_t k) __attribute__((always_inline)) {
+      Tiles::template load<4 + P>(in_a + k, a_stride);
+      Tiles::template load<6 + P>(in_block.w + k * 16, 64);
+      Tiles::template dpbssd<C, 4 + P, 6 + P>();
+    };
+    Tiles::template zero<C>();
+    const int64_t k0 = in.b * (kSteps > 0 ? kSteps * kStep : g.group_len);
+    if constexpr (kSteps == 1) {
+      step.template operator()<C % 2>(k0);
+    } else if constexpr (kSteps == 2) {
+      step.template operator()<C % 2>(k0);
+      step.template operator()<1 - C % 2>(k0 + kStep);
+    } else {
+      int64_t s = 0;
+      for (; s + 2 <= steps; s += 2) {
+        step.template operator()<C % 2>(k0 + s * kStep);
+        step.template operator()<1 - C % 2>(k0 + (s + 1) * kStep);
+      }
+      if (s < steps) step.template operator()<C % 2>(k0 + s * kStep);
+    }
+    if (++in.b == groups) {
+      in.b = 0;
+      if (++in.t == tiles) {
+        in.t = 0;
+        ++in.p;
+        if (in.p < panels) in_block = block(in.p);
+      }
+      in_a = a + in.t * 16 * a_stride;
+    }
+  };
+  // the scaling side: group b of pair (t, p), from c_ring[C]
+  auto accumulate = [&](__m512(&f)[16], const int32_t* c) __attribute__((always_inline)) {
+    if (out.b == 0) rows_load(f, reinterpret_cast<const float*>(acc[out.t * panels + out.p]),
+                              first, kRows16);
+    rows_accumulate(f, c, _mm512_load_ps(out_block.scale + out.b * 16), kRows16);
+    if (++out.b == groups) {
+      rows_store(f, reinterpret_cast<float*>(acc[out.t * panels + out.p]), kRows16);
+      out.b = 0;
+      if (++out.t == tiles) {
+        out.t = 0;
+        ++out.p;
+        if (out.p < panels) out_block = block(out.p);
+      }
+    }
+  };
+  // slot i: issue group i, store group i - kLag, scale group i - kLag - 1
+  auto slot = [&]<int T, bool kAll>(__m512(&f)[16], int64_t i) __attribute__((always_inline)) {
+    constexpr int kStored = (T + 4 - kLag) % 4, kScaled = (T + 3 - kLag) % 4;
+    if (kAll || i < total) issue.template operator()<T>();
+    if (kAll || (i >= kLag && i - kLag < total)) Tiles::template store<kStored>(c_ring[kStored]);
+    if (kAll || (i > kLag && i - kLag - 1 < total)) accumulate(f, c_ring[kScaled]);
+  };
+  __m512 f[16];
+  int64_t i = 0;
+  auto four = [&]<bool kAll>() __attribute__((always_inline)) {
+    slot.template operator()<0, kAll>(f, i);
+    slot.template operator()<1, kAll>(f, i + 1);
+    slot.template operator()<2, kAll>(f, i + 2);
+    slot.template operator()<3, kAll>(f, i + 3);
+    i += 4;
+  };
+  four.template operator()<false>();  // i = 0..3 (kLag + 1 <= 4)
+  for (; i + 4 <= total; ) four.template operator()<true>();
+  while (i <= total + kLag) four.template operator()<false>();
 }
 
 // The epilogue of one 16-row tile at output n0, from its sums, as the avx512vnni GEMM's:
 // scale groups: c = recip * (sum - zp * correction) + bias;
-// channelwise:  c = (recip * s) * (sum - (128 + zp) * SUM w) + bias (the sum is of q + 128).
+// channelwise:  c = (recip * s) * (sum - zp * SUM w) + bias.
 template <bool kChannelwise>
 void amx_epilogue(const GemmArgs& args, int64_t n0, int64_t r0, int64_t rows,
                   const int32_t (&acc)[256], const float* channel_scale) {
@@ -317,7 +313,7 @@ void amx_epilogue(const GemmArgs& args, int64_t n0, int64_t r0, int64_t rows,
     for (int64_t r = 0; r < rows; ++r) {
       const QuantRow& q = args.a[r0 + r];
       const __m512i exact = _mm512_sub_epi32(
-          _mm512_load_si512(acc + r * 16), _mm512_mullo_epi32(wsum, _mm512_set1_epi32(q.zp + 128)));
+          _mm512_load_si512(acc + r * 16), _mm512_mullo_epi32(wsum, _mm512_set1_epi32(q.zp)));
       const __m512 rs = _mm512_mul_ps(_mm512_set1_ps(q.recip), s);
       _mm512_storeu_ps(out + r * args.c_stride,
                        _mm512_fmadd_ps(rs, _mm512_cvtepi32_ps(exact), bias));
@@ -339,7 +335,7 @@ void amx_epilogue(const GemmArgs& args, int64_t n0, int64_t r0, int64_t rows,
 constexpr int64_t kABlockBytes = 16 * 1024;
 
 // False when this thread's buffers cannot be had (the caller then runs the zmm GEMM).
-template <class Tiles, int kStep, int kSteps, bool kChannelwise, bool kBiased = !kChannelwise>
+template <class Tiles, int kStep, int kSteps, bool kChannelwise>
 bool amx_gemm_shaped(const GemmArgs& args) {
   const Geometry& g = *args.geometry;
   AmxBuffers& buf = amx_buffers();
@@ -356,24 +352,28 @@ bool amx_gemm_shaped(const GemmArgs& args) {
   // loads do not read lines that vector stores have just written (tile loads take no store
   // forwarding)
   const size_t w_bytes = static_cast<size_t>(block * 16),
-               group_bytes = static_cast<size_t>(block_groups * 128);
+               group_bytes = static_cast<size_t>(block_groups * 64);
   uint8_t* w_base = AmxBuffers::grow(buf.w, buf.w_bytes, 2 * w_bytes);
-  uint8_t* group_base = AmxBuffers::grow(buf.group, buf.group_bytes, 2 * group_bytes);
+  // three panels' group data: the scaling side lags the tiles by a few groups
+  uint8_t* group_base = AmxBuffers::grow(buf.group, buf.group_bytes, 3 * group_bytes);
   auto* acc = reinterpret_cast<int32_t(*)[256]>(
       AmxBuffers::grow(buf.acc, buf.acc_bytes, static_cast<size_t>(tiles * panels) * 1024));
   if (a == nullptr || w_base == nullptr || group_base == nullptr || acc == nullptr) return false;
   amx_configure<Tiles>(kStep);
+  // The group sums' way from the tiles to the vector code. In this frame, not in the per-thread
+  // buffers: code built position-independent reaches thread-local storage through a call, and
+  // the compiler re-derives such an address inside the loop, with a vzeroupper and the spill of
+  // every live zmm register around each derivation.
+  alignas(64) int32_t c_ring[4][256];
 
   Prefetcher pf(args);
   const int64_t panel_bytes = kAmxPanel * g.row_weight_bytes;
   const uint8_t* scales = args.expert + g.scales_offset;
   const int64_t first_panel = args.n_begin / kAmxPanel;
   auto half = [&](int64_t p) { return static_cast<size_t>(p & 1); };
-  auto start_of = [&](int64_t p) {
-    return reinterpret_cast<int32_t*>(group_base + half(p) * group_bytes);
-  };
+  auto third = [&](int64_t p) { return static_cast<size_t>(p % 3); };
   auto scale_of = [&](int64_t p) {
-    return reinterpret_cast<float*>(group_base + half(p) * group_bytes + block_groups * 64);
+    return reinterpret_cast<float*>(group_base + third(p) * group_bytes);
   };
   for (int64_t k0 = 0; k0 < cols; k0 += block) {
     const int64_t len = std::min(block, cols - k0);
@@ -381,17 +381,24 @@ bool amx_gemm_shaped(const GemmArgs& args) {
     auto unpack = [&](int64_t p) {
       const int64_t panel = first_panel + p;
       amx_unpack_block(g, args.expert + g.weights_offset + panel * panel_bytes, scales, panel, k0,
-                       len, w_base + half(p) * w_bytes, start_of(p), scale_of(p),
-                       kBiased ? kFloatBias : 0, pf);
+                       len, w_base + half(p) * w_bytes, scale_of(p), pf);
     };
     unpack(0);
-    for (int64_t p = 0; p < panels; ++p) {
-      if (p + 1 < panels) unpack(p + 1);
-      amx_memory_barrier();  // the staged rows and the unpacked block are in memory
-      for (int64_t t = 0; t < tiles; ++t)
-        amx_tile_block<Tiles, kStep, kSteps, kChannelwise, kBiased>(
-            g, a + t * 16 * a_stride, a_stride, w_base + half(p) * w_bytes, start_of(p),
-            scale_of(p), len, acc[t * panels + p], k0 == 0, buf);
+    if constexpr (kChannelwise) {
+      for (int64_t p = 0; p < panels; ++p) {
+        if (p + 1 < panels) unpack(p + 1);
+        amx_memory_barrier();  // the staged rows and the unpacked block are in memory
+        for (int64_t t = 0; t < tiles; ++t)
+          amx_channelwise_block<Tiles, kStep>(a + t * 16 * a_stride, a_stride,
+                                              w_base + half(p) * w_bytes, len,
+                                              acc[t * panels + p], k0 == 0);
+      }
+    } else {
+      amx_groups_block<Tiles, kStep, kSteps>(
+          g, a, a_stride, tiles, panels, len, acc, k0 == 0, c_ring, unpack,
+          [&](int64_t p) __attribute__((always_inline)) {
+            return AmxPanelBlock{w_base + half(p) * w_bytes, scale_of(p)};
+          });
     }
   }
   // channelwise: the panel's scales, once per panel
@@ -432,10 +439,6 @@ bool amx_gemm_dispatch(const GemmArgs& args) {
   if (g.group_len == 32) return amx_gemm_shaped<Tiles, 32, 1, false>(args);
   if (g.group_len == 64) return amx_gemm_shaped<Tiles, 64, 1, false>(args);
   if (g.group_len == 128) return amx_gemm_shaped<Tiles, 64, 2, false>(args);
-  if (g.group_len > 4096) {
-    if (g.group_len % 64 == 0) return amx_gemm_shaped<Tiles, 64, 0, false, false>(args);
-    return amx_gemm_shaped<Tiles, 32, 0, false, false>(args);
-  }
   if (g.group_len % 64 == 0) return amx_gemm_shaped<Tiles, 64, 0, false>(args);
   return amx_gemm_shaped<Tiles, 32, 0, false>(args);
 }

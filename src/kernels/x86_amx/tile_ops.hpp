@@ -1,5 +1,5 @@
 // The tile operations the AMX GEMM uses, in two backends with one interface:
-//   AmxTiles   the instructions (ldtilecfg, tileloadd, tilestored, tilezero, tdpbusd),
+//   AmxTiles   the instructions (ldtilecfg, tileloadd, tilestored, tilezero, tdpbssd),
 //   ModelTiles a software model of them, exact to the instruction's semantics, so the GEMM
 //              compiled against it runs (and is tested) on CPUs without AMX.
 // Tile numbers are template arguments, as the instructions encode them.
@@ -53,10 +53,10 @@ struct AmxTiles {
                      : "=m"(dst)
                      : "r"(&dst[0]), "i"(T), "r"(int64_t{64}));
   }
-  // C += A (u8, rows x 4K) . B (s8, K rows x 4N, VNNI), int32 sums, wrapping
+  // C += A (s8, rows x 4K) . B (s8, K rows x 4N, VNNI), int32 sums, wrapping
   template <int C, int A, int B>
-  static inline void dpbusd() {
-    __asm__ volatile("tdpbusd %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"i"(C), "i"(A), "i"(B));
+  static inline void dpbssd() {
+    __asm__ volatile("tdpbssd %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"i"(C), "i"(A), "i"(B));
   }
 };
 #endif
@@ -106,9 +106,9 @@ struct ModelTiles {
     check(s.configured && s.config.rows[T] == 16 && s.config.colsb[T] == 64);
     std::memcpy(dst, s.tile[T], sizeof dst);
   }
-  // C[m][n] += SUM_k SUM_j u8(A[m][4k + j]) * s8(B[k][4n + j]), modulo 2^32.
+  // C[m][n] += SUM_k SUM_j s8(A[m][4k + j]) * s8(B[k][4n + j]), modulo 2^32.
   template <int C, int A, int B>
-  static void dpbusd() {
+  static void dpbssd() {
     State& s = state();
     const TileConfig& c = s.config;
     check(s.configured && c.rows[C] == c.rows[A] && c.colsb[C] == c.colsb[B] &&
@@ -119,7 +119,7 @@ struct ModelTiles {
         std::memcpy(&acc, &s.tile[C][m][4 * n], 4);
         for (int k = 0; k < c.rows[B]; ++k)
           for (int j = 0; j < 4; ++j)
-            acc += static_cast<uint32_t>(int32_t{s.tile[A][m][4 * k + j]} *
+            acc += static_cast<uint32_t>(int32_t{static_cast<int8_t>(s.tile[A][m][4 * k + j])} *
                                          int32_t{static_cast<int8_t>(s.tile[B][k][4 * n + j])});
         std::memcpy(&s.tile[C][m][4 * n], &acc, 4);
       }
