@@ -138,37 +138,82 @@ AmxBuffers& amx_buffers() {
 // Columns [k0, k0 + len) of the call's int8 rows, `stride` bytes apart, padded with zero rows to
 // a multiple of 16 (tile loads read rows at one stride; the quantizer's rows are apart).
 void amx_stage_block(const GemmArgs& args, int64_t k0, int64_t len, int64_t stride, uint8_t* a) {
+  // vector copies: len is a multiple of 32, and a call of memcpy per short row costs more than it
+  // moves
   const int64_t rows16 = (args.m + 15) / 16 * 16;
-  for (int64_t r = 0; r < args.m; ++r)
-    std::memcpy(a + r * stride, static_cast<const uint8_t*>(args.a[r].data) + k0,
-                static_cast<size_t>(len));
+  for (int64_t r = 0; r < args.m; ++r) {
+    const uint8_t* src = static_cast<const uint8_t*>(args.a[r].data) + k0;
+    uint8_t* dst = a + r * stride;
+    int64_t k = 0;
+    for (; k + 64 <= len; k += 64) _mm512_storeu_si512(dst + k, _mm512_loadu_si512(src + k));
+    if (k < len)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k),
+                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k)));
+  }
   for (int64_t r = args.m; r < rows16; ++r)
-    std::memset(a + r * stride, 0, static_cast<size_t>(len));
+    for (int64_t k = 0; k < len; k += 32)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + r * stride + k), _mm256_setzero_si256());
 }
 
-// Columns [k0, k0 + len) of one panel of 16 outputs: the weights as s8 VNNI rows (w + (k - k0) *
-// 16 for column k, a multiple of 4), and per scale group of the block the scales as f32
-// (channelwise: none; the epilogue reads the panel's scales).
-void amx_unpack_block(const Geometry& g, const uint8_t* panel_weights, const uint8_t* scales,
-                      int64_t panel, int64_t k0, int64_t len, uint8_t* w, float* scale,
-                      Prefetcher& pf) {
-  alignas(64) static constexpr int8_t kTable[64] = {
-      -8, -7, -6, -5, -4, -3, -2, -1, 0,  1,  2,  3,  4,  5,  6,  7,  -8, -7, -6, -5, -4, -3,
-      -2, -1, 0,  1,  2,  3,  4,  5,  6,  7,  -8, -7, -6, -5, -4, -3, -2, -1, 0,  1,  2,  3,
-      4,  5,  6,  7,  -8, -7, -6, -5, -4, -3, -2, -1, 0,  1,  2,  3,  4,  5,  6,  7};
-  const __m512i table = _mm512_load_si512(kTable);
-  for (int64_t c = k0 / 8; c < (k0 + len) / 8; ++c) {
-    const __m512i raw = _mm512_loadu_si512(panel_weights + c * 64);
-    uint8_t* dst = w + (c * 8 - k0) * 16;
-    _mm512_store_si512(dst, _mm512_permutexvar_epi8(raw, table));
-    _mm512_store_si512(dst + 64, _mm512_permutexvar_epi8(_mm512_srli_epi16(raw, 4), table));
+// Unpacks columns [k0, k0 + len) of one panel of 16 outputs at a time, in steps of any number of
+// 64-byte chunks, so that the tile GEMM can spread the next panel's unpacking over the current
+// panel's groups (one call for a whole panel leaves the tile unit idle for its duration). Per
+// panel: the weights as s8 VNNI rows (w + (k - k0) * 16 for column k, a multiple of 4), and per
+// scale group of the block the scales as f32 (channelwise: none; the epilogue reads the panel's
+// scales).
+class AmxUnpacker {
+ public:
+  AmxUnpacker(const Geometry& g, const uint8_t* weights, const uint8_t* scales,
+              int64_t first_panel, Prefetcher& pf)
+      : g_(g), weights_(weights), scales_(scales), first_panel_(first_panel), pf_(pf) {}
+
+  // Starts panel p (of the call) of the block [k0, k0 + len) into w and scale; its scales now.
+  void begin(int64_t p, int64_t k0, int64_t len, uint8_t* w, float* scale) {
+    const int64_t panel = first_panel_ + p;
+    src_ = weights_ + panel * kAmxPanel * g_.row_weight_bytes + k0 / 8 * 64;
+    dst_ = w;
+    left_ = len / 8;
+    if (g_.group_size < 0) return;
+    for (int64_t b = k0 / g_.group_len; b < (k0 + len) / g_.group_len; ++b)
+      _mm512_store_ps(scale + (b - k0 / g_.group_len) * 16,
+                      load_scales_zmm(scales_, g_.scale_dtype, (panel * g_.groups + b) * kAmxPanel));
   }
-  pf.step(len / 8);
-  if (g.group_size < 0) return;  // the panel's scales are read by the epilogue
-  for (int64_t b = k0 / g.group_len; b < (k0 + len) / g.group_len; ++b)
-    _mm512_store_ps(scale + (b - k0 / g.group_len) * 16,
-                    load_scales_zmm(scales, g.scale_dtype, (panel * g.groups + b) * kAmxPanel));
-}
+  // The next n chunks (16 outputs x 8 columns each), or what is left of them.
+  __attribute__((always_inline)) void step(int64_t n) {
+    alignas(64) static constexpr int8_t kTable[64] = {
+        -8, -7, -6, -5, -4, -3, -2, -1, 0,  1,  2,  3,  4,  5,  6,  7,  -8, -7, -6, -5, -4, -3,
+        -2, -1, 0,  1,  2,  3,  4,  5,  6,  7,  -8, -7, -6, -5, -4, -3, -2, -1, 0,  1,  2,  3,
+        4,  5,  6,  7,  -8, -7, -6, -5, -4, -3, -2, -1, 0,  1,  2,  3,  4,  5,  6,  7};
+    // byte j of each qword from bits 8j + 4 on: the high nibble in bits 0-3 (what vpermb reads
+    // above them is ignored by the table's period of 16); a shuffle, not a shift, so that it
+    // does not take the FP port the f32 scaling needs
+    const __m512i high = _mm512_set1_epi64(0x3C342C241C140C04);
+    const __m512i table = _mm512_load_si512(kTable);
+    n = std::min(n, left_);
+    pf_.step(n);
+    for (int64_t c = 0; c < n; ++c) {
+      const __m512i raw = _mm512_loadu_si512(src_ + c * 64);
+      _mm512_store_si512(dst_ + c * 128, _mm512_permutexvar_epi8(raw, table));
+      _mm512_store_si512(dst_ + c * 128 + 64,
+                         _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(high, raw), table));
+    }
+    src_ += n * 64;
+    dst_ += n * 128;
+    left_ -= n;
+  }
+  void finish() { step(left_); }
+  int64_t left() const { return left_; }
+
+ private:
+  const Geometry& g_;
+  const uint8_t* weights_;
+  const uint8_t* scales_;
+  int64_t first_panel_;
+  Prefetcher& pf_;
+  const uint8_t* src_ = nullptr;
+  uint8_t* dst_ = nullptr;
+  int64_t left_ = 0;
+};
 
 // One 16-row tile against one unpacked panel block of `len` columns, channelwise: one int32
 // sum over K, kept in `acc` between blocks (`first` starts it at zero).
@@ -206,15 +251,18 @@ struct AmxPanelBlock {
 // behind a tile store of the same line waits for the store to complete), so that the tile unit,
 // the tile stores and the f32 work overlap, across pairs as within them. The f32 sums of a
 // pair live in registers from its first group's scaling to its last, and in `acc` (index t *
-// panels + p) between blocks; `first` starts them at zero. unpack(p) writes panel p's block
-// (called for panel p + 1 when panel p's first group is issued: its buffers must not be those
-// that panel p - 1's groups in flight still read); block(p) gives it.
-template <class Tiles, int kStep, int kSteps, class Unpack, class Block>
+// panels + p) between blocks; `first` starts them at zero. begin_unpack(p) starts panel p's block
+// in `unpacker` (panel 0 is started by the caller); each issued group of panel p unpacks a share
+// of panel p + 1, whose buffers are not those that panel p - 1's groups in flight still read;
+// block(p) gives panel p's buffers.
+template <class Tiles, int kStep, int kSteps, class BeginUnpack, class Block>
 void amx_groups_block(const Geometry& g, const uint8_t* a, int64_t a_stride, int64_t tiles,
                       int64_t panels, int64_t len, int32_t (*acc)[256], bool first,
-                      int32_t (*c_ring)[256], Unpack&& unpack, Block&& block) {
+                      int32_t (*c_ring)[256], AmxUnpacker& unpacker, BeginUnpack&& begin_unpack,
+                      Block&& block) {
   const int64_t steps = kSteps > 0 ? kSteps : g.group_len / kStep;
   const int64_t groups = len / g.group_len, total = groups * tiles * panels;
+  const int64_t chunks_per_issue = (len / 8 + groups * tiles - 1) / (groups * tiles);
   constexpr int kLag = 3;
 
   // the issuing side: pair (t, p), group b of it
@@ -226,9 +274,11 @@ void amx_groups_block(const Geometry& g, const uint8_t* a, int64_t a_stride, int
   const uint8_t* in_a = a;
   auto issue = [&]<int C>() __attribute__((always_inline)) {
     if (in.b == 0 && in.t == 0) {
-      if (in.p + 1 < panels) unpack(in.p + 1);
+      unpacker.finish();
       amx_memory_barrier();  // the unpacked block is in memory before tiles load it
+      if (in.p + 1 < panels) begin_unpack(in.p + 1);
     }
+    unpacker.step(chunks_per_issue);
     auto step = [&]<int P>(int64_t k) __attribute__((always_inline)) {
       Tiles::template load<4 + P>(in_a + k, a_stride);
       Tiles::template load<6 + P>(in_block.w + k * 16, 64);
@@ -330,9 +380,12 @@ void amx_epilogue(const GemmArgs& args, int64_t n0, int64_t r0, int64_t rows,
   }
 }
 
-// Blocks of K: A holds the block's columns of every row (at most kABlockBytes), each panel's
-// unpacked block is written once and read by every 16-row tile, and all of them stay in L1.
-constexpr int64_t kABlockBytes = 16 * 1024;
+// Blocks of K: A holds the block's columns of every row, each panel's unpacked block is written
+// once and read by every 16-row tile, and all of them stay in L1. Measured (docs/amx.md): 256
+// columns up to 32 rows, 128 from 64 rows (kABlockBytes / rows, within those bounds); a tile load
+// that misses L1 takes twice as long, and longer blocks fill it.
+constexpr int64_t kABlockBytes = 8 * 1024;
+constexpr int64_t kMinBlock = 128, kMaxBlock = 256;
 
 // False when this thread's buffers cannot be had (the caller then runs the zmm GEMM).
 template <class Tiles, int kStep, int kSteps, bool kChannelwise>
@@ -342,7 +395,7 @@ bool amx_gemm_shaped(const GemmArgs& args) {
   const int64_t cols = g.cols_padded;
   const int64_t rows16 = (args.m + 15) / 16 * 16, tiles = rows16 / 16;
   const int64_t panels = (args.n_end - args.n_begin + kAmxPanel - 1) / kAmxPanel;
-  const int64_t want = std::clamp<int64_t>(kABlockBytes / rows16 / 64 * 64, 128, 1024);
+  const int64_t want = std::clamp<int64_t>(kABlockBytes / rows16 / 64 * 64, kMinBlock, kMaxBlock);
   const int64_t block =
       kChannelwise ? std::min(cols, want) : g.group_len * std::max<int64_t>(1, want / g.group_len);
   const int64_t a_stride = block + 64;  // a large power of two would put all rows in two sets
@@ -367,9 +420,9 @@ bool amx_gemm_shaped(const GemmArgs& args) {
   alignas(64) int32_t c_ring[4][256];
 
   Prefetcher pf(args);
-  const int64_t panel_bytes = kAmxPanel * g.row_weight_bytes;
   const uint8_t* scales = args.expert + g.scales_offset;
   const int64_t first_panel = args.n_begin / kAmxPanel;
+  AmxUnpacker unpacker(g, args.expert + g.weights_offset, scales, first_panel, pf);
   auto half = [&](int64_t p) { return static_cast<size_t>(p & 1); };
   auto third = [&](int64_t p) { return static_cast<size_t>(p % 3); };
   auto scale_of = [&](int64_t p) {
@@ -378,15 +431,17 @@ bool amx_gemm_shaped(const GemmArgs& args) {
   for (int64_t k0 = 0; k0 < cols; k0 += block) {
     const int64_t len = std::min(block, cols - k0);
     amx_stage_block(args, k0, len, a_stride, a);
-    auto unpack = [&](int64_t p) {
-      const int64_t panel = first_panel + p;
-      amx_unpack_block(g, args.expert + g.weights_offset + panel * panel_bytes, scales, panel, k0,
-                       len, w_base + half(p) * w_bytes, scale_of(p), pf);
+    auto begin_unpack = [&](int64_t p) {
+      unpacker.begin(p, k0, len, w_base + half(p) * w_bytes, scale_of(p));
     };
-    unpack(0);
+    begin_unpack(0);
     if constexpr (kChannelwise) {
       for (int64_t p = 0; p < panels; ++p) {
-        if (p + 1 < panels) unpack(p + 1);
+        unpacker.finish();
+        if (p + 1 < panels) {
+          begin_unpack(p + 1);
+          unpacker.finish();
+        }
         amx_memory_barrier();  // the staged rows and the unpacked block are in memory
         for (int64_t t = 0; t < tiles; ++t)
           amx_channelwise_block<Tiles, kStep>(a + t * 16 * a_stride, a_stride,
@@ -395,7 +450,7 @@ bool amx_gemm_shaped(const GemmArgs& args) {
       }
     } else {
       amx_groups_block<Tiles, kStep, kSteps>(
-          g, a, a_stride, tiles, panels, len, acc, k0 == 0, c_ring, unpack,
+          g, a, a_stride, tiles, panels, len, acc, k0 == 0, c_ring, unpacker, begin_unpack,
           [&](int64_t p) __attribute__((always_inline)) {
             return AmxPanelBlock{w_base + half(p) * w_bytes, scale_of(p)};
           });

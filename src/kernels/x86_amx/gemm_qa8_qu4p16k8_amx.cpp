@@ -11,10 +11,8 @@ namespace w4a8moe::detail {
 
 int64_t amx_min_rows(int64_t group_len, bool channelwise) {
   if (channelwise) return 12;
-  if (group_len >= 256) return 20;
-  if (group_len >= 128) return 24;
-  if (group_len >= 64) return 32;
-  return kAmxTileM + 1;  // g = 32: the zmm GEMM is as fast or faster at every size
+  if (group_len >= 64) return 13;
+  return 26;  // g = 32
 }
 
 namespace amx {
