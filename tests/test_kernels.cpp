@@ -486,10 +486,12 @@ void check_tile_gemm(detail::GemmFn tiles, const char* backend) {
   }
 }
 
-// The backends: the amx set's tile GEMM alone (its set GEMM picks the zmm GEMM below
-// amx_min_rows()), and the amxemu set's GEMM for more than kAmxSmallMaxM rows, which is the
-// tile GEMM on the software model.
+// The backends: the amx set's tile GEMM alone, the amx set's GEMM for more than kAmxSmallMaxM
+// rows (tiles for the full 16-row tiles and a worthwhile partial one, the zmm GEMM for the rows
+// left: amx_min_tile_rows()), and the amxemu set's GEMM for more than kAmxSmallMaxM rows, which
+// is the tile GEMM on the software model.
 struct TileBackend {
+  const char* name;
   const char* set;
   detail::GemmFn tiles;
 };
@@ -504,16 +506,17 @@ TEST_P(AmxTileGemm, GivesTheZmmGemmBits) {
   if (!set->usable(cpu_features()))
     GTEST_SKIP() << "kernel set " << set->name << " is not usable on this CPU ("
                  << cpu_features().summary() << "; AMX " << cpu_features().amx_status << ")";
-  check_tile_gemm(GetParam().tiles, set->name);
+  check_tile_gemm(GetParam().tiles, GetParam().name);
 }
 
 std::string backend_name(const ::testing::TestParamInfo<TileBackend>& backend) {
-  return backend.param.set;
+  return backend.param.name;
 }
 
-INSTANTIATE_TEST_SUITE_P(, AmxTileGemm,
-                         ::testing::Values(TileBackend{"amx", detail::amx::gemm_tiles},
-                                           TileBackend{"amxemu",
-                                                       detail::amxemu::gemm_qa8_qu4p16k8}),
-                         backend_name);
+INSTANTIATE_TEST_SUITE_P(
+    , AmxTileGemm,
+    ::testing::Values(TileBackend{"amx", "amx", detail::amx::gemm_tiles},
+                      TileBackend{"amx_split", "amx", detail::amx::gemm_qa8_qu4p16k8},
+                      TileBackend{"amxemu", "amxemu", detail::amxemu::gemm_qa8_qu4p16k8}),
+    backend_name);
 #endif

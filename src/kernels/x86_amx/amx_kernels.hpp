@@ -18,15 +18,17 @@ inline constexpr int64_t kAmxTileM = 128;
 // mostly empty).
 inline constexpr int64_t kAmxSmallMaxM = 4;
 
-// The fewest rows per call at which the tile GEMM beats the zmm GEMM, by scale group length
-// (cols_padded when channelwise), measured on a Xeon with AMX (docs/amx.md): the f32
-// scaling of every group's sums is the tile GEMM's cost, so short groups need many rows.
-// Above kAmxTileM: never.
-int64_t amx_min_rows(int64_t group_len, bool channelwise);
+// The fewest rows a 16-row tile of the tile GEMM must hold to be worth it against the zmm GEMM
+// on those rows, by scale group length (cols_padded when channelwise) and whether it is the
+// call's only tile (which pays the unpacking of the weights alone), measured on a Xeon with AMX
+// (docs/amx.md): a tile costs about the same whatever its rows, the zmm GEMM a row at a time, and
+// the f32 scaling of every group's sums makes short groups' tiles dear.
+int64_t amx_min_tile_rows(int64_t group_len, bool channelwise, bool only_tile);
 
 namespace amx {
-// The set's GEMM for calls of more than kAmxSmallMaxM rows: the tile GEMM from
-// amx_min_rows(...) rows, else the zmm GEMM (in calls of at most 16 rows). Same bits either way.
+// The set's GEMM for calls of more than kAmxSmallMaxM rows: the tile GEMM on every full 16-row
+// tile and on a last partial tile of at least amx_min_tile_rows(...) rows, the zmm GEMM (in calls
+// of at most 16 rows) on the rows left. Same bits either way.
 void gemm_qa8_qu4p16k8(const GemmArgs& args);
 // The tile GEMM alone, for any number of rows up to kAmxTileM (for the tests and the benchmark:
 // no set calls it directly).
