@@ -244,6 +244,12 @@ struct AmxPanelBlock {
   const float* scale;
 };
 
+// The scaling side of the group pipeline runs this many groups behind the issuing side, so it may
+// still read the scales of that many panels back (of one group each) while the next panel's are
+// written: the scales of panel p live in slot p % kAmxScaleBuffers.
+constexpr int kAmxScaleLag = 4;
+constexpr int64_t kAmxScaleBuffers = kAmxScaleLag + 2;
+
 // One K block of `len` columns with scale groups: every (panel, 16-row tile) pair of the call,
 // panel by panel, as one pipeline of groups that never drains between pairs. Group i goes to
 // sum tile i % 4; its sums are stored kLag groups after its `tdpbusd` were issued (the tile
@@ -253,7 +259,7 @@ struct AmxPanelBlock {
 // pair live in registers from its first group's scaling to its last, and in `acc` (index t *
 // panels + p) between blocks; `first` starts them at zero. begin_unpack(p) starts panel p's block
 // in `unpacker` (panel 0 is started by the caller); each issued group of panel p unpacks a share
-// of panel p + 1, whose buffers are not those that panel p - 1's groups in flight still read;
+// of panel p + 1, whose buffers are not those that the groups in flight still read;
 // block(p) gives panel p's buffers.
 template <class Tiles, int kStep, int kSteps, class BeginUnpack, class Block>
 void amx_groups_block(const Geometry& g, const uint8_t* a, int64_t a_stride, int64_t tiles,
@@ -264,6 +270,7 @@ void amx_groups_block(const Geometry& g, const uint8_t* a, int64_t a_stride, int
   const int64_t groups = len / g.group_len, total = groups * tiles * panels;
   const int64_t chunks_per_issue = (len / 8 + groups * tiles - 1) / (groups * tiles);
   constexpr int kLag = 3;
+  static_assert(kLag + 1 == kAmxScaleLag);
 
   // the issuing side: pair (t, p), group b of it
   struct Cursor {
@@ -407,8 +414,10 @@ bool amx_gemm_shaped(const GemmArgs& args) {
   const size_t w_bytes = static_cast<size_t>(block * 16),
                group_bytes = static_cast<size_t>(block_groups * 64);
   uint8_t* w_base = AmxBuffers::grow(buf.w, buf.w_bytes, 2 * w_bytes);
-  // three panels' group data: the scaling side lags the tiles by a few groups
-  uint8_t* group_base = AmxBuffers::grow(buf.group, buf.group_bytes, 3 * group_bytes);
+  // kAmxScaleBuffers panels' scales: the scaling side lags the tiles by kAmxScaleLag groups,
+  // which may span that many panels of one group each, and the next panel's are being written
+  uint8_t* group_base =
+      AmxBuffers::grow(buf.group, buf.group_bytes, kAmxScaleBuffers * group_bytes);
   auto* acc = reinterpret_cast<int32_t(*)[256]>(
       AmxBuffers::grow(buf.acc, buf.acc_bytes, static_cast<size_t>(tiles * panels) * 1024));
   if (a == nullptr || w_base == nullptr || group_base == nullptr || acc == nullptr) return false;
@@ -424,9 +433,9 @@ bool amx_gemm_shaped(const GemmArgs& args) {
   const int64_t first_panel = args.n_begin / kAmxPanel;
   AmxUnpacker unpacker(g, args.expert + g.weights_offset, scales, first_panel, pf);
   auto half = [&](int64_t p) { return static_cast<size_t>(p & 1); };
-  auto third = [&](int64_t p) { return static_cast<size_t>(p % 3); };
+  auto scale_slot = [&](int64_t p) { return static_cast<size_t>(p % kAmxScaleBuffers); };
   auto scale_of = [&](int64_t p) {
-    return reinterpret_cast<float*>(group_base + third(p) * group_bytes);
+    return reinterpret_cast<float*>(group_base + scale_slot(p) * group_bytes);
   };
   for (int64_t k0 = 0; k0 < cols; k0 += block) {
     const int64_t len = std::min(block, cols - k0);
