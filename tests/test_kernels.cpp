@@ -434,10 +434,14 @@ void check_tile_gemm(detail::GemmFn tiles, const char* backend) {
     bool bias;
   };
   const Shape shapes[] = {
-      {40, 256, 32, DType::bf16, false}, {40, 256, 64, DType::f32, true},
-      {33, 192, 96, DType::f16, false},  {48, 512, 128, DType::bf16, true},
-      {24, 512, 256, DType::f32, false}, {40, 160, -1, DType::bf16, true},
-      {32, 2048, -1, DType::f32, false}, {16, 2048, 32, DType::f32, true},
+      {40, 256, 32, DType::bf16, false},
+      {40, 256, 64, DType::f32, true},
+      {33, 192, 96, DType::f16, false},
+      {48, 512, 128, DType::bf16, true},
+      {24, 512, 256, DType::f32, false},
+      {40, 160, -1, DType::bf16, true},
+      {32, 2048, -1, DType::f32, false},
+      {16, 2048, 32, DType::f32, true},
       // panels of one group each (a K block of one group, one tile): the scaling side lags
       // several panels behind the unpacking of the next
       {80, 512, 256, DType::f32, false},

@@ -1,5 +1,5 @@
 // Kernel sets "amx" and "amxemu": the avx512vnni set's quantizer, activation and layout
-// (qu4_p16k8), with a second GEMM for calls of many rows built on AMX tiles (`tdpbusd`).
+// (qu4_p16k8), with a second GEMM for calls of many rows built on AMX tiles (`tdpbssd`).
 //
 // "amx" runs the tile instructions; "amxemu" is the same kernel source compiled against a
 // software model of the tile operations (ModelTiles, tile_ops.hpp), so that the kernel's layout,

@@ -28,7 +28,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <bit>
 #include <cassert>
 #include <cstdlib>
 #include <memory>
@@ -47,8 +46,6 @@ namespace w4a8moe::detail {
 namespace {
 
 constexpr int64_t kAmxPanel = 16;
-
-
 
 // The f32 sums of a 16 x 16 tile (one zmm per row) are only ever passed to these functions, never
 // captured by a lambda, and indexed only by the constants of a pack: so the compiler keeps them
@@ -148,7 +145,7 @@ void amx_stage_block(const GemmArgs& args, int64_t k0, int64_t len, int64_t stri
     for (; k + 64 <= len; k += 64) _mm512_storeu_si512(dst + k, _mm512_loadu_si512(src + k));
     if (k < len)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k),
-                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k)));
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k)));
   }
   for (int64_t r = args.m; r < rows16; ++r)
     for (int64_t k = 0; k < len; k += 32)
@@ -163,8 +160,8 @@ void amx_stage_block(const GemmArgs& args, int64_t k0, int64_t len, int64_t stri
 // scales).
 class AmxUnpacker {
  public:
-  AmxUnpacker(const Geometry& g, const uint8_t* weights, const uint8_t* scales,
-              int64_t first_panel, Prefetcher& pf)
+  AmxUnpacker(const Geometry& g, const uint8_t* weights, const uint8_t* scales, int64_t first_panel,
+              Prefetcher& pf)
       : g_(g), weights_(weights), scales_(scales), first_panel_(first_panel), pf_(pf) {}
 
   // Starts panel p (of the call) of the block [k0, k0 + len) into w and scale; its scales now.
@@ -173,10 +170,12 @@ class AmxUnpacker {
     src_ = weights_ + panel * kAmxPanel * g_.row_weight_bytes + k0 / 8 * 64;
     dst_ = w;
     left_ = len / 8;
+    pf_.step(left_);  // the next task's lines, as many as this panel block reads
     if (g_.group_size < 0) return;
     for (int64_t b = k0 / g_.group_len; b < (k0 + len) / g_.group_len; ++b)
-      _mm512_store_ps(scale + (b - k0 / g_.group_len) * 16,
-                      load_scales_zmm(scales_, g_.scale_dtype, (panel * g_.groups + b) * kAmxPanel));
+      _mm512_store_ps(
+          scale + (b - k0 / g_.group_len) * 16,
+          load_scales_zmm(scales_, g_.scale_dtype, (panel * g_.groups + b) * kAmxPanel));
   }
   // The next n chunks (16 outputs x 8 columns each), or what is left of them.
   __attribute__((always_inline)) void step(int64_t n) {
@@ -190,15 +189,17 @@ class AmxUnpacker {
     const __m512i high = _mm512_set1_epi64(0x3C342C241C140C04);
     const __m512i table = _mm512_load_si512(kTable);
     n = std::min(n, left_);
-    pf_.step(n);
+    // locals: the stores below may alias any byte, members would be reloaded after each
+    const uint8_t* src = src_;
+    uint8_t* dst = dst_;
     for (int64_t c = 0; c < n; ++c) {
-      const __m512i raw = _mm512_loadu_si512(src_ + c * 64);
-      _mm512_store_si512(dst_ + c * 128, _mm512_permutexvar_epi8(raw, table));
-      _mm512_store_si512(dst_ + c * 128 + 64,
+      const __m512i raw = _mm512_loadu_si512(src + c * 64);
+      _mm512_store_si512(dst + c * 128, _mm512_permutexvar_epi8(raw, table));
+      _mm512_store_si512(dst + c * 128 + 64,
                          _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(high, raw), table));
     }
-    src_ += n * 64;
-    dst_ += n * 128;
+    src_ = src + n * 64;
+    dst_ = dst + n * 128;
     left_ -= n;
   }
   void finish() { step(left_); }
@@ -252,7 +253,7 @@ constexpr int64_t kAmxScaleBuffers = kAmxScaleLag + 2;
 
 // One K block of `len` columns with scale groups: every (panel, 16-row tile) pair of the call,
 // panel by panel, as one pipeline of groups that never drains between pairs. Group i goes to
-// sum tile i % 4; its sums are stored kLag groups after its `tdpbusd` were issued (the tile
+// sum tile i % 4; its sums are stored kLag groups after its `tdpbssd` were issued (the tile
 // unit has finished them by then) and scaled in f32 one group later still (a vector load right
 // behind a tile store of the same line waits for the store to complete), so that the tile unit,
 // the tile stores and the f32 work overlap, across pairs as within them. The f32 sums of a
@@ -318,8 +319,8 @@ void amx_groups_block(const Geometry& g, const uint8_t* a, int64_t a_stride, int
   };
   // the scaling side: group b of pair (t, p), from c_ring[C]
   auto accumulate = [&](__m512(&f)[16], const int32_t* c) __attribute__((always_inline)) {
-    if (out.b == 0) rows_load(f, reinterpret_cast<const float*>(acc[out.t * panels + out.p]),
-                              first, kRows16);
+    if (out.b == 0)
+      rows_load(f, reinterpret_cast<const float*>(acc[out.t * panels + out.p]), first, kRows16);
     rows_accumulate(f, c, _mm512_load_ps(out_block.scale + out.b * 16), kRows16);
     if (++out.b == groups) {
       rows_store(f, reinterpret_cast<float*>(acc[out.t * panels + out.p]), kRows16);
@@ -348,7 +349,7 @@ void amx_groups_block(const Geometry& g, const uint8_t* a, int64_t a_stride, int
     i += 4;
   };
   four.template operator()<false>();  // i = 0..3 (kLag + 1 <= 4)
-  for (; i + 4 <= total; ) four.template operator()<true>();
+  for (; i + 4 <= total;) four.template operator()<true>();
   while (i <= total + kLag) four.template operator()<false>();
 }
 
@@ -369,8 +370,8 @@ void amx_epilogue(const GemmArgs& args, int64_t n0, int64_t r0, int64_t rows,
     const __m512 s = _mm512_load_ps(channel_scale);
     for (int64_t r = 0; r < rows; ++r) {
       const QuantRow& q = args.a[r0 + r];
-      const __m512i exact = _mm512_sub_epi32(
-          _mm512_load_si512(acc + r * 16), _mm512_mullo_epi32(wsum, _mm512_set1_epi32(q.zp)));
+      const __m512i exact = _mm512_sub_epi32(_mm512_load_si512(acc + r * 16),
+                                             _mm512_mullo_epi32(wsum, _mm512_set1_epi32(q.zp)));
       const __m512 rs = _mm512_mul_ps(_mm512_set1_ps(q.recip), s);
       _mm512_storeu_ps(out + r * args.c_stride,
                        _mm512_fmadd_ps(rs, _mm512_cvtepi32_ps(exact), bias));
@@ -454,13 +455,13 @@ bool amx_gemm_shaped(const GemmArgs& args) {
         amx_memory_barrier();  // the staged rows and the unpacked block are in memory
         for (int64_t t = 0; t < tiles; ++t)
           amx_channelwise_block<Tiles, kStep>(a + t * 16 * a_stride, a_stride,
-                                              w_base + half(p) * w_bytes, len,
-                                              acc[t * panels + p], k0 == 0);
+                                              w_base + half(p) * w_bytes, len, acc[t * panels + p],
+                                              k0 == 0);
       }
     } else {
       amx_groups_block<Tiles, kStep, kSteps>(
-          g, a, a_stride, tiles, panels, len, acc, k0 == 0, c_ring, unpacker, begin_unpack,
-          [&](int64_t p) __attribute__((always_inline)) {
+          g, a, a_stride, tiles, panels, len, acc, k0 == 0, c_ring, unpacker,
+          begin_unpack, [&](int64_t p) __attribute__((always_inline)) {
             return AmxPanelBlock{w_base + half(p) * w_bytes, scale_of(p)};
           });
     }
