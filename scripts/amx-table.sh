@@ -7,21 +7,25 @@
 # (max(weight bytes / read bandwidth, MACs / the set's MAC peak), both probed between that run's
 # timed forwards), the avx512vnni time over the amx time, and the amx run's MAC probe scaling.
 # Needs a CPU with AMX (`w4a8moe check` says why a machine has none).
-# Usage: scripts/amx-table.sh [extra bench options]
+# Usage: scripts/amx-table.sh [extra bench options]; W4A8MOE_BUILD_DIR picks the build directory
+# (default build; configured here as Release if it is not yet).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+build=${W4A8MOE_BUILD_DIR:-build}
 scripts/install-deps.sh
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DW4A8MOE_BUILD_TESTS=OFF >/dev/null
-cmake --build build -j"$(nproc)" --target w4a8moe_cli >/dev/null
-if ! ./build/w4a8moe check | grep -q '^kernel sets: amx'; then
-  ./build/w4a8moe check >&2
+if [ ! -f "$build/CMakeCache.txt" ]; then
+  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DW4A8MOE_BUILD_TESTS=OFF >/dev/null
+fi
+cmake --build "$build" -j"$(nproc)" --target w4a8moe_cli >/dev/null
+if ! "./$build/w4a8moe" check | grep -q '^kernel sets: amx'; then
+  "./$build/w4a8moe" check >&2
   echo "amx-table.sh: the amx kernel set is not usable here" >&2
   exit 1
 fi
 bench() {  # isa preset tokens routing group [extra]
   local isa=$1 preset=$2 tokens=$3 routing=$4 group=$5
   shift 5
-  W4A8MOE_ISA=$isa ./build/w4a8moe bench --preset "$preset" --tokens "$tokens" \
+  W4A8MOE_ISA=$isa "./$build/w4a8moe" bench --preset "$preset" --tokens "$tokens" \
     --routing "$routing" --group "$group" --repeat 10 --json "$@" 2>/dev/null
 }
 echo "| preset | group | tokens | amx ms | amx of roofline | avx512vnni ms | avx512vnni of roofline | avx512vnni / amx | amx MAC probe scaling |"
