@@ -6,11 +6,13 @@
 // one stride), the B tile 16 outputs of the weights as s8 in the VNNI order `tdpbssd` reads (row
 // r: columns 4r..4r+3 of each of the 16 outputs). In qu4_p16k8 one 64-byte chunk of a panel is
 // exactly two such rows in offset nibbles: `vpermb` with a table of (j & 15) - 8 turns the low
-// nibbles into the first and, after a shift, the high nibbles into the second.
+// nibbles into the first and, after `vpmultishiftqb` moves the high nibbles down, the second.
 //
-// Blocking: K in blocks whose activation columns (all rows of the call) fit in a few KiB; per
-// block and panel of 16 outputs the weights are unpacked once into an L1 buffer and read by every
-// 16-row tile of the call; each tile's running sums live in a per-call buffer between blocks.
+// Blocking: K in blocks of 128-256 columns, whose staged rows and unpacked weights stay in L1;
+// per block and panel of 16 outputs the weights are unpacked once into an L1 buffer and read by
+// every 16-row tile of the call, the next panel's unpacking spread over the current panel's
+// groups; with scale groups all (panel, tile) pairs of a block run as one pipeline of groups;
+// each tile's running sums live in a per-call buffer between blocks.
 //
 // Results equal the avx512vnni GEMM's to the bit (the set switches between the two by rows per
 // call, and a row's result must not depend on its call): `tdpbssd` gives each scale group's
