@@ -134,12 +134,12 @@ AmxBuffers& amx_buffers() {
   return b;
 }
 
-// Columns [k0, k0 + len) of the call's int8 rows, `stride` bytes apart, padded with zero rows to
-// a multiple of 16 (tile loads read rows at one stride; the quantizer's rows are apart).
+// Columns [k0, k0 + len) of the call's int8 rows, `stride` bytes apart (tile loads read rows at
+// one stride; the quantizer's rows are apart). The rows past the call's, to a multiple of 16, are
+// zeroed once per call by amx_zero_pad_rows.
 void amx_stage_block(const GemmArgs& args, int64_t k0, int64_t len, int64_t stride, uint8_t* a) {
   // vector copies: len is a multiple of 32, and a call of memcpy per short row costs more than it
   // moves
-  const int64_t rows16 = (args.m + 15) / 16 * 16;
   for (int64_t r = 0; r < args.m; ++r) {
     const uint8_t* src = static_cast<const uint8_t*>(args.a[r].data) + k0;
     uint8_t* dst = a + r * stride;
@@ -149,9 +149,25 @@ void amx_stage_block(const GemmArgs& args, int64_t k0, int64_t len, int64_t stri
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k),
                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k)));
   }
+}
+
+// Zeroes the first `len` columns of the rows past the call's, to a multiple of 16 (every block
+// stages the same real rows over them and leaves these).
+void amx_zero_pad_rows(const GemmArgs& args, int64_t len, int64_t stride, uint8_t* a) {
+  const int64_t rows16 = (args.m + 15) / 16 * 16;
   for (int64_t r = args.m; r < rows16; ++r)
     for (int64_t k = 0; k < len; k += 32)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + r * stride + k), _mm256_setzero_si256());
+}
+
+// One step at column k: the A tile of parity P (rows at a, a_stride apart) times
+// the B tile of parity P (the unpacked VNNI rows at w) into sum tile C.
+template <class Tiles, int C, int P>
+__attribute__((always_inline)) inline void amx_step(const uint8_t* a, int64_t a_stride,
+                                                    const uint8_t* w, int64_t k) {
+  Tiles::template load<4 + P>(a + k, a_stride);
+  Tiles::template load<6 + P>(w + k * 16, 64);
+  Tiles::template dpbssd<C, 4 + P, 6 + P>();
 }
 
 // Unpacks columns [k0, k0 + len) of one panel of 16 outputs at a time, in steps of any number of
@@ -205,7 +221,6 @@ class AmxUnpacker {
     left_ -= n;
   }
   void finish() { step(left_); }
-  int64_t left() const { return left_; }
 
  private:
   const Geometry& g_;
@@ -224,9 +239,7 @@ template <class Tiles, int kStep>
 void amx_channelwise_block(const uint8_t* a, int64_t a_stride, const uint8_t* w, int64_t len,
                            int32_t (&acc)[256], bool first) {
   auto step = [&]<int P>(int64_t k) __attribute__((always_inline)) {
-    Tiles::template load<4 + P>(a + k, a_stride);
-    Tiles::template load<6 + P>(w + k * 16, 64);
-    Tiles::template dpbssd<0, 4 + P, 6 + P>();
+    amx_step<Tiles, 0, P>(a, a_stride, w, k);
   };
   if (first)
     Tiles::template zero<0>();
@@ -290,9 +303,7 @@ void amx_groups_block(const Geometry& g, const uint8_t* a, int64_t a_stride, int
     }
     unpacker.step(chunks_per_issue);
     auto step = [&]<int P>(int64_t k) __attribute__((always_inline)) {
-      Tiles::template load<4 + P>(in_a + k, a_stride);
-      Tiles::template load<6 + P>(in_block.w + k * 16, 64);
-      Tiles::template dpbssd<C, 4 + P, 6 + P>();
+      amx_step<Tiles, C, P>(in_a, a_stride, in_block.w, k);
     };
     Tiles::template zero<C>();
     const int64_t k0 = in.b * (kSteps > 0 ? kSteps * kStep : g.group_len);
@@ -430,6 +441,7 @@ bool amx_gemm_shaped(const GemmArgs& args) {
   // the compiler re-derives such an address inside the loop, with a vzeroupper and the spill of
   // every live zmm register around each derivation.
   alignas(64) int32_t c_ring[4][256];
+  amx_zero_pad_rows(args, block, a_stride, a);
 
   Prefetcher pf(args);
   const uint8_t* scales = args.expert + g.scales_offset;
