@@ -4,17 +4,6 @@ namespace w4a8moe::detail {
 
 namespace {
 
-// About 20-50 microseconds of polling before sleeping.
-constexpr int kSpins = 4000;
-
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
-
 // Waits until `value` differs from `seen`: spin, then futex-backed wait.
 void wait_change(const std::atomic<uint32_t>& value, uint32_t seen) noexcept {
   for (int i = 0; i < kSpins; ++i) {

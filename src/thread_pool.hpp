@@ -17,6 +17,29 @@
 
 namespace w4a8moe::detail {
 
+// About 20-50 microseconds of polling before sleeping (or yielding).
+inline constexpr int kSpins = 4000;
+
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+// Waits until ready() (which should load with acquire): spins, then yields, so that a waiter
+// does not hold the core of the thread it waits for on an oversubscribed machine. For waits on
+// work that other threads of the same run are doing (and that never waits on the waiter).
+template <class Ready>
+void wait_until(const Ready& ready) noexcept {
+  for (int i = 0; i < kSpins; ++i) {
+    if (ready()) return;
+    cpu_relax();
+  }
+  while (!ready()) std::this_thread::yield();
+}
+
 // Reusable barrier for a fixed number of threads: spin, then sleep.
 class SpinBarrier {
  public:

@@ -1,6 +1,6 @@
 // The forward driver: routing, scheduling and threads around the micro-kernels.
 //
-// Per chunk of tokens (chunks bound the scratch memory), three phases separated by barriers:
+// Per chunk of tokens (chunks bound the scratch memory), three phases:
 //   0. quantize each token's activations once (once per (token, slot) when the router weight is
 //      applied on the input), and counting-sort the (token, slot) pairs by expert;
 //   1. tasks = (expert x slice of I): gate and up rows of the slice for all of the expert's pairs,
@@ -11,6 +11,14 @@
 //      the slice, weighted and summed into the token's f32 accumulator, then converted to out.
 // Tasks are claimed dynamically. Every output element is summed in one fixed order (experts
 // ascending, then slots ascending), so the result is bit-identical for any thread count.
+//
+// No barrier inside a chunk: a thread enters phase 1 once every input row is quantized and the
+// pairs are sorted, and starts the down rows of an expert once that expert is requantized. A
+// thread woken late (a futex wake-up takes tens of microseconds, a good part of a decode step)
+// thus joins work already under way instead of holding the others at a barrier, and down's
+// first weights stream while phase 1's last tasks finish. Waits are only on work other threads
+// are doing at that moment, which never waits back. Chunks are separated by a barrier (the next
+// chunk rewrites the scratch).
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -55,9 +63,10 @@ struct Scratch {
   int32_t* order = nullptr;   // pair indices sorted by expert
   int32_t* begin = nullptr;   // [E + 1] start of each expert in order
   int32_t* active = nullptr;  // experts with pairs, ascending
-  int32_t* done = nullptr;    // per active expert: slices of phase 1 finished (atomic_ref)
-  float* m = nullptr;         // intermediate rows, m_stride floats each
-  uint8_t* qm = nullptr;      // requantized intermediate rows, qm_stride bytes each
+  // per active expert (atomic_ref): slices of phase 1 finished, plus 1 once it is requantized
+  int64_t* done = nullptr;
+  float* m = nullptr;     // intermediate rows, m_stride floats each
+  uint8_t* qm = nullptr;  // requantized intermediate rows, qm_stride bytes each
   QuantRow* qm_rows = nullptr;
   float* acc = nullptr;         // [chunk tokens, H] f32 output accumulator
   float* thread_buf = nullptr;  // per thread: tile_m x 256 (gemm results) + H (f32 row conversion)
@@ -164,7 +173,7 @@ Layout plan(const Problem& p, int64_t chunk, int threads) {
   l.order = take(pairs * 4);
   l.begin = take(static_cast<size_t>(p.s.experts + 1) * 4);
   l.active = take(static_cast<size_t>(p.s.experts) * 4);
-  l.done = take(static_cast<size_t>(p.s.experts) * 4);
+  l.done = take(static_cast<size_t>(p.s.experts) * 8);
   l.m = take(checked_mul(pairs, s.m_stride * 4));
   l.qm = take(checked_mul(pairs, s.qm_stride));
   l.qm_rows = take(pairs * sizeof(QuantRow));
@@ -181,7 +190,7 @@ void bind(Layout& l, uint8_t* base) {
   s.order = reinterpret_cast<int32_t*>(base + l.order);
   s.begin = reinterpret_cast<int32_t*>(base + l.begin);
   s.active = reinterpret_cast<int32_t*>(base + l.active);
-  s.done = reinterpret_cast<int32_t*>(base + l.done);
+  s.done = reinterpret_cast<int64_t*>(base + l.done);
   s.m = reinterpret_cast<float*>(base + l.m);
   s.qm = base + l.qm;
   s.qm_rows = reinterpret_cast<QuantRow*>(base + l.qm_rows);
@@ -189,33 +198,45 @@ void bind(Layout& l, uint8_t* base) {
   s.thread_buf = reinterpret_cast<float*>(base + l.thread_buf);
 }
 
+// The counters of one chunk: what its threads claim and what they wait for.
+struct ChunkSync {
+  std::atomic<int64_t> claim[3];  // the next row batch or task of phases 0, 1 and 2
+  // input rows quantized, plus 1 once the pairs are sorted: phase 1 starts at rows + 1
+  std::atomic<int64_t> ready;
+  void clear() noexcept {
+    for (auto& c : claim) c.store(0, std::memory_order_relaxed);
+    ready.store(0, std::memory_order_relaxed);
+  }
+};
+
 // Runs on every thread of the pool.
 class Worker {
  public:
-  Worker(const Problem& p, const Scratch& s, ThreadPool& pool, std::atomic<int64_t>* counters)
-      : p_(p), s_(s), pool_(pool), counters_(counters) {}
+  // sync[2]: chunk c uses sync[c % 2]; both cleared.
+  Worker(const Problem& p, const Scratch& s, ThreadPool& pool, ChunkSync* sync)
+      : p_(p), s_(s), pool_(pool), sync_(sync) {}
 
   void operator()(int tid) {
     if (p_.set->thread_begin != nullptr) p_.set->thread_begin();
-    int phase = 0;
-    for (int64_t t0 = 0; t0 < p_.s.tokens; t0 += p_.chunk_tokens) {
+    int64_t chunk = 0;
+    for (int64_t t0 = 0; t0 < p_.s.tokens; t0 += p_.chunk_tokens, ++chunk) {
       const int64_t tokens = std::min(p_.chunk_tokens, p_.s.tokens - t0);
-      quantize_inputs(tid, t0, tokens, counter(tid, phase++));
-      pool_.barrier();
-      gate_up(tid, tokens, counter(tid, phase++));
-      pool_.barrier();
-      down(tid, t0, tokens, counter(tid, phase++));
-      pool_.barrier();
+      ChunkSync& sync = sync_[chunk % 2];
+      // The other slot was last used by chunk - 1, which the barrier below ended on every
+      // thread; chunk + 1 uses it after the next barrier.
+      if (tid == 0 && chunk > 0) sync_[(chunk + 1) % 2].clear();
+      const int64_t rows = quantize_inputs(tid, t0, tokens, sync);
+      wait_until([&] { return sync.ready.load(std::memory_order_acquire) >= rows + 1; });
+      gate_up(tid, tokens, sync.claim[1]);
+      down(tid, t0, tokens, sync.claim[2]);
+      if (t0 + p_.chunk_tokens < p_.s.tokens) pool_.barrier();
     }
     if (p_.set->thread_end != nullptr) p_.set->thread_end();
   }
 
  private:
-  // Counters rotate over three slots: phase j uses slot j % 3; thread 0 clears the slot of phase
-  // j + 1 during phase j (its last use, phase j - 2, ended two barriers ago).
-  std::atomic<int64_t>& counter(int tid, int phase) {
-    if (tid == 0) counters_[(phase + 1) % 3].store(0, std::memory_order_relaxed);
-    return counters_[phase % 3];
+  std::atomic_ref<int64_t> done(int32_t active_index) const {
+    return std::atomic_ref<int64_t>(s_.done[active_index]);
   }
 
   float* thread_buf(int tid) const {
@@ -284,28 +305,43 @@ class Worker {
     *row = q;
   }
 
-  void quantize_inputs(int tid, int64_t t0, int64_t tokens, std::atomic<int64_t>& next) {
-    if (tid == 0) sort_pairs(t0, tokens);
+  // Phase 0; returns the chunk's input rows. Adds to sync.ready as it goes (release: the rows
+  // and the sort are visible to whoever sees the count).
+  int64_t quantize_inputs(int tid, int64_t t0, int64_t tokens, ChunkSync& sync) {
+    if (tid == 0) {
+      sort_pairs(t0, tokens);
+      sync.ready.fetch_add(1, std::memory_order_release);
+    }
     const bool on_input = p_.params->apply_router_weight_on_input;
     const int64_t K = p_.s.top_k;
     const int64_t rows = on_input ? tokens * K : tokens;
     float* row = thread_buf(tid);
     for (;;) {
-      const int64_t r0 = next.fetch_add(kQuantBatch, std::memory_order_relaxed);
+      const int64_t r0 = sync.claim[0].fetch_add(kQuantBatch, std::memory_order_relaxed);
       if (r0 >= rows) break;
-      for (int64_t r = r0; r < std::min(rows, r0 + kQuantBatch); ++r) {
-        // a row of the weight-on-input form belongs to one pair: none to quantize for a pair
-        // held elsewhere
-        if (on_input && local_expert(t0, r) < 0) continue;
-        uint8_t* dst = s_.qx + static_cast<size_t>(r) * s_.qx_stride;
-        if (p_.staged != nullptr) {
-          stage_row((on_input ? t0 * K : t0) + r, dst, &s_.qx_rows[r]);
-          continue;
-        }
-        const int64_t t = on_input ? r / K : r;
-        quantize_input_row(*p_.set, *p_.x, t0 + t, on_input, on_input ? router_weight(t0, r) : 1.0f,
-                           row, p_.w13->cols_padded, p_.w13->group_len, dst, &s_.qx_rows[r]);
+      const int64_t r1 = std::min(rows, r0 + kQuantBatch);
+      quantize_batch(t0, r0, r1, row);
+      sync.ready.fetch_add(r1 - r0, std::memory_order_release);
+    }
+    return rows;
+  }
+
+  // Input rows [r0, r1) of the chunk, quantized (row: the thread's f32 scratch).
+  void quantize_batch(int64_t t0, int64_t r0, int64_t r1, float* row) {
+    const bool on_input = p_.params->apply_router_weight_on_input;
+    const int64_t K = p_.s.top_k;
+    for (int64_t r = r0; r < r1; ++r) {
+      // a row of the weight-on-input form belongs to one pair: none to quantize for a pair
+      // held elsewhere
+      if (on_input && local_expert(t0, r) < 0) continue;
+      uint8_t* dst = s_.qx + static_cast<size_t>(r) * s_.qx_stride;
+      if (p_.staged != nullptr) {
+        stage_row((on_input ? t0 * K : t0) + r, dst, &s_.qx_rows[r]);
+        continue;
       }
+      const int64_t t = on_input ? r / K : r;
+      quantize_input_row(*p_.set, *p_.x, t0 + t, on_input, on_input ? router_weight(t0, r) : 1.0f,
+                         row, p_.w13->cols_padded, p_.w13->group_len, dst, &s_.qx_rows[r]);
     }
   }
 
@@ -363,10 +399,11 @@ class Worker {
       }
       // The last slice of this expert to finish (acq_rel: its thread sees every other slice's
       // rows) requantizes the expert's rows, so down needs no separate phase and barrier.
-      if (std::atomic_ref<int32_t>(s_.done[task / slices]).fetch_add(1, std::memory_order_acq_rel) +
-              1 ==
-          slices)
+      const auto ai = static_cast<int32_t>(task / slices);
+      if (done(ai).fetch_add(1, std::memory_order_acq_rel) + 1 == slices) {
         requantize_expert(e);
+        done(ai).fetch_add(1, std::memory_order_release);  // down may read its rows now
+      }
       task = following;
     }
   }
@@ -416,8 +453,10 @@ class Worker {
       if (task >= slices) break;
       const int64_t h0 = task * slice, h1 = std::min(H, h0 + slice), w = h1 - h0;
       for (int64_t t = 0; t < tokens; ++t) std::fill_n(s_.acc + t * H + h0, w, 0.0f);
+      const int64_t requantized = (p_.s.inter + kSliceI - 1) / kSliceI + 1;
       for (int32_t ai = 0; ai < active_count_; ++ai) {
         const int32_t e = s_.active[ai];
+        wait_until([&] { return done(ai).load(std::memory_order_acquire) >= requantized; });
         const uint8_t* expert = p_.w2_base + static_cast<size_t>(e) * p_.w2->expert_bytes;
         PrefetchRange pf[2] = {};  // the next expert's rows of this slice
         if (ai + 1 < active_count_)
@@ -456,8 +495,8 @@ class Worker {
   const Problem& p_;
   const Scratch& s_;
   ThreadPool& pool_;
-  std::atomic<int64_t>* counters_;
-  int32_t active_count_ = 0;  // written by thread 0 in phase 0, read after the barrier
+  ChunkSync* sync_;
+  int32_t active_count_ = 0;  // written by thread 0 in phase 0, read once the chunk is ready
 };
 
 }  // namespace
@@ -552,10 +591,10 @@ void run_forward(Context& context, const ForwardJob& job) {
   }
   bind(layout, impl.reserve(layout.total));
 
-  std::atomic<int64_t> counters[3];
-  for (auto& c : counters) c.store(0);
+  ChunkSync sync[2];
+  for (auto& c : sync) c.clear();
   // The worker's copy of the active-expert count must be shared: one Worker object for all.
-  Worker worker(p, layout.scratch, impl.pool, counters);
+  Worker worker(p, layout.scratch, impl.pool, sync);
   impl.pool.run(worker);
 }
 
