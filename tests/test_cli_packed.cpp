@@ -168,6 +168,9 @@ TEST_F(CliPacked, BenchTimesAPackedFileAtItsShapes) {
   EXPECT_TRUE(j["check_max_rel_err"].is_null());
   // top-k 3 and swigluoai from the file: 5 tokens x 3 slots x 3 x H x I multiply-accumulates
   EXPECT_EQ(j["macs"].get<double>(), 5.0 * 3 * 3 * 128 * 64);
+  // the cold read of the same bytes, timed in the same run
+  EXPECT_GT(j["cold_read_ms"].get<double>(), 0.0);
+  EXPECT_GT(j["cold_read_fraction"].get<double>(), 0.0);
   const Result both = run({"bench", "--packed", path("w.w4a8"), "--preset", "tiny"});
   EXPECT_NE(both.exit_code, 0);
 }

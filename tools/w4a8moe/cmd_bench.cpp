@@ -248,7 +248,7 @@ void print_check(const CheckResult& check, int64_t T, double bound = kCheckBound
 // Per timed run: its time, the weight bytes of the distinct experts it touched, and the probes
 // of the machine's limits taken just before it.
 struct Timings {
-  std::vector<double> times_s, bytes, bandwidths, peaks, peaks_1;
+  std::vector<double> times_s, bytes, bandwidths, peaks, peaks_1, cold_reads_s;
 };
 
 // A warm-up, then the timed runs on routings[1..repeat]. The machine's limits are probed between
@@ -264,13 +264,14 @@ Timings time_runs(const BenchLayer& b, const std::vector<Routing>& routings, int
     t.bandwidths.push_back(measure_read_bandwidth(threads, 1));
     t.peaks.push_back(measure_peak_macs(kernel_set, threads, 1));
     if (threads > 1) t.peaks_1.push_back(measure_peak_macs(kernel_set, 1, 1));
+    const std::set<int32_t> distinct(rt.ids.begin(), rt.ids.end());
+    t.bytes.push_back(static_cast<double>(distinct.size() * b.expert_bytes));
+    t.cold_reads_s.push_back(measure_cold_read(distinct.size() * b.expert_bytes, threads));
     flush_from_caches(b.experts.w13.data(), b.experts.w13.size());  // cold weights, as in decode
     flush_from_caches(b.experts.w2.data(), b.experts.w2.size());
     const auto t0 = std::chrono::steady_clock::now();
     run(rt);
     t.times_s.push_back(seconds_since(t0));
-    const std::set<int32_t> distinct(rt.ids.begin(), rt.ids.end());
-    t.bytes.push_back(static_cast<double>(distinct.size() * b.expert_bytes));
     p.update(static_cast<double>(r + 1) / repeat);
   }
   return t;
@@ -283,6 +284,7 @@ struct Figures {
   bool degraded;
   double med_s, min_s, med_bytes, macs, gbps;
   double memory_s, compute_s, roofline_s;
+  double cold_read_s;  // the same bytes read cold with no computation (measure_cold_read)
 };
 
 Figures figures_of(const Timings& t, const Preset& p, int64_t T, int threads) {
@@ -307,6 +309,7 @@ Figures figures_of(const Timings& t, const Preset& p, int64_t T, int threads) {
   f.memory_s = f.med_bytes / f.bandwidth;
   f.compute_s = f.peak_macs > 0 ? f.macs / f.peak_macs : 0.0;
   f.roofline_s = std::max(f.memory_s, f.compute_s);
+  f.cold_read_s = median(t.cold_reads_s);
   return f;
 }
 
@@ -340,6 +343,8 @@ void print_json(const BenchOptions& o, const BenchLayer& b, const Figures& f,
   j["roofline_memory_ms"] = f.memory_s * 1e3;
   j["roofline_compute_ms"] = f.compute_s * 1e3;
   j["roofline_fraction"] = f.roofline_s / f.med_s;
+  j["cold_read_ms"] = f.cold_read_s * 1e3;
+  j["cold_read_fraction"] = f.cold_read_s / f.med_s;
   j["machine_degraded"] = f.degraded;
   j["pack_s"] = b.pack_s;  // with --packed: the time to open and verify the file
   if (b.from_file) j["packed_file"] = o.packed;
@@ -378,6 +383,11 @@ void print_text(const BenchOptions& o, const Figures& f, int threads,
       "  roofline max(weights / bandwidth %.3f ms, MACs / peak %.3f ms) = %.3f ms: the "
       "forward at %.1f%% of it\n",
       f.memory_s * 1e3, f.compute_s * 1e3, f.roofline_s * 1e3, 100.0 * f.roofline_s / f.med_s);
+  std::printf(
+      "  the same bytes read cold with nothing else to do (%d threads already running): median "
+      "%.3f ms = %.2f GB/s: the forward at %.1f%% of it\n",
+      threads, f.cold_read_s * 1e3, f.med_bytes / f.cold_read_s / 1e9,
+      100.0 * f.cold_read_s / f.med_s);
 }
 
 // ---- --expert-parallel: the layer over the processes of an mpirun ----

@@ -60,11 +60,57 @@ void parallel_sum(const Buffer& buf, int threads) {
   g_sink = s;
 }
 
+// The probes' buffer: allocated and touched once per process.
+Buffer& probe_buffer() {
+  static Buffer buf(size_t{1} << 30);
+  return buf;
+}
+
 }  // namespace
+
+double measure_cold_read(size_t bytes, int threads) {
+  Buffer& buf = probe_buffer();
+  const size_t words = std::max<size_t>(std::min(bytes / 8, buf.words), 1);
+  const size_t n = static_cast<size_t>(std::max(threads, 1));
+  const size_t per = words / n;
+  flush_from_caches(buf.data, words * 8);
+  // The threads start before the clock and spin until it starts, so that a thread's creation
+  // and wake-up are not part of the read. The caller sleeps a moment first: a new thread can
+  // start on the caller's CPU, and a caller spinning there would hold it (or share it) until the
+  // scheduler moves one of them; waking from the sleep, the caller is placed on an idle CPU.
+  std::atomic<size_t> spinning{0}, finished{0};
+  std::atomic<bool> go{false};
+  std::vector<uint64_t> sums(n);
+  auto read = [&](size_t t) {
+    const size_t begin = per * t, end = t + 1 == n ? words : begin + per;
+    sums[t] = sum_range(buf.data + begin, end - begin);
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < n; ++t)
+    pool.emplace_back([&, t] {
+      spinning.fetch_add(1);
+      while (!go.load(std::memory_order_acquire)) {
+      }
+      read(t);
+      finished.fetch_add(1, std::memory_order_release);
+    });
+  while (spinning.load() + 1 < n) std::this_thread::yield();
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  const auto t0 = std::chrono::steady_clock::now();
+  go.store(true, std::memory_order_release);
+  read(0);
+  while (finished.load(std::memory_order_acquire) + 1 < n) std::this_thread::yield();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (auto& th : pool) th.join();
+  uint64_t total = 0;
+  for (uint64_t v : sums) total += v;
+  g_sink = total;
+  return s * static_cast<double>(bytes) / static_cast<double>(words * 8);  // more than the buffer
+}
 
 double measure_read_bandwidth(int threads, int runs) {
   const size_t bytes = size_t{1} << 30;
-  static Buffer buf(bytes);  // allocated and touched once per process
+  Buffer& buf = probe_buffer();
   std::vector<double> rates;
   for (int r = 0; r < runs; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -125,7 +171,8 @@ double measure_peak_macs(const std::string& kernel_set, int threads, int runs) {
     std::atomic<bool> go{false};
     for (int t = 0; t < threads; ++t)
       pool.emplace_back([&, t] {
-        while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+        while (!go.load(std::memory_order_acquire)) {
+      }
         const auto end = std::chrono::steady_clock::now() + kWindow;
         double done = 0;
         do done += probe(slice);

@@ -11,6 +11,13 @@ namespace w4a8moe::cli {
 // (allocated once per process); median of `runs`.
 double measure_read_bandwidth(int threads, int runs = 5);
 
+// Seconds for `threads` threads, already running, to read `bytes` of the probe buffer just
+// flushed from the caches, each its contiguous share, with nothing else to do (beyond 1 GiB:
+// 1 GiB's time scaled): what reading a forward's weights from DRAM takes at best when the read
+// is short (a decode step) and the streams start and stop with it, which the 1 GiB probe does
+// not show.
+double measure_cold_read(size_t bytes, int threads);
+
 // Peak int8 MAC rate (MAC/s) of a kernel set's core instructions on `threads` threads at once,
 // each run a 20 ms window; 0 when the set has no probe on this machine (e.g. the portable set).
 double measure_peak_macs(const std::string& kernel_set, int threads, int runs = 5);
