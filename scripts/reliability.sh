@@ -56,7 +56,8 @@ tsan_stage() {
   # The thread suites (1 to 7 threads, concurrent and pooled contexts, repeated and chunked calls)
   # and the feature grid (every activation, bias, router weight on the input: 2 threads) with the
   # best kernel set; the portable set's kernels are slow under TSan: its cheaper thread cases only.
-  local threads='Cases/Threads.*:ThreadsContext.*:ContextPoolTest.*:ForwardInput.EmptyBatchIsANoOp'
+  local threads='Cases/Threads.*:ThreadsContext.*:TaskClaims.*:ContextPoolTest.*'
+  threads+=':ForwardInput.EmptyBatchIsANoOp'
   threads+=':Forward/FeatureGrid.*:SpecialRows.NanOrInfInXStaysInItsToken'
   local cheap='Cases/Threads.*decode_T1:Cases/Threads.*channelwise_odd_f16:ThreadsContext.*'
   cheap+=':ContextPoolTest.*'

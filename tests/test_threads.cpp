@@ -1,5 +1,5 @@
 // The same bits for any thread count, for repeated calls, and no scratch growth in steady state;
-// the pool of contexts for concurrent callers.
+// the pool of contexts for concurrent callers; the driver's task claims.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "api/task_claims.hpp"
 #include "test_util.hpp"
 #include "w4a8moe/w4a8moe.hpp"
 
@@ -185,6 +186,61 @@ TEST(ContextPoolTest, ConcurrentLeasesGetTheirOwnContexts) {
   EXPECT_EQ(pool.idle(), 0u);
   leases.clear();  // the oldest idle ones beyond kMaxIdle are destroyed
   EXPECT_EQ(pool.idle(), w4a8moe::ContextPool::kMaxIdle);
+}
+
+// ---- the driver's task claims ----
+
+std::vector<int64_t> claim_all(w4a8moe::detail::TaskClaims& claims, int thread) {
+  std::vector<int64_t> got;
+  for (int64_t t = claims.claim(thread); t >= 0; t = claims.claim(thread)) got.push_back(t);
+  return got;
+}
+
+TEST(TaskClaims, AThreadTakesItsSegmentFromTheFrontThenTheOthersFromTheBack) {
+  w4a8moe::detail::TaskClaims claims(3);
+  claims.reset(10);  // segments [0, 3), [3, 6), [6, 10)
+  EXPECT_EQ(claim_all(claims, 0), (std::vector<int64_t>{0, 1, 2, 5, 4, 3, 9, 8, 7, 6}));
+  claims.reset(10);
+  EXPECT_EQ(claims.claim(1), 3);
+  EXPECT_EQ(claims.claim(2), 6);
+  EXPECT_EQ(claim_all(claims, 0), (std::vector<int64_t>{0, 1, 2, 5, 4, 9, 8, 7}));
+  EXPECT_EQ(claims.claim(1), -1);
+}
+
+TEST(TaskClaims, FewerTasksThanThreadsAndNone) {
+  w4a8moe::detail::TaskClaims claims(4);
+  claims.reset(0);
+  EXPECT_EQ(claims.claim(0), -1);
+  EXPECT_EQ(claims.claim(3), -1);
+  claims.reset(2);  // segments [0, 0), [0, 1), [1, 1), [1, 2)
+  EXPECT_EQ(claim_all(claims, 2), (std::vector<int64_t>{1, 0}));
+  EXPECT_EQ(claims.claim(1), -1);
+  w4a8moe::detail::TaskClaims one(1);
+  one.reset(3);
+  EXPECT_EQ(claim_all(one, 0), (std::vector<int64_t>{0, 1, 2}));
+}
+
+TEST(TaskClaims, ConcurrentThreadsTakeEveryTaskExactlyOnce) {
+  constexpr int kThreads = 6;
+  constexpr int64_t kTasks = 20011;
+  w4a8moe::detail::TaskClaims claims(kThreads);
+  for (int round = 0; round < 3; ++round) {
+    claims.reset(kTasks);
+    std::vector<std::vector<int64_t>> got(kThreads);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t)
+      threads.emplace_back([&, t] { got[static_cast<size_t>(t)] = claim_all(claims, t); });
+    for (auto& th : threads) th.join();
+    std::vector<int> seen(kTasks, 0);
+    for (const auto& g : got)
+      for (const int64_t task : g) {
+        ASSERT_GE(task, 0);
+        ASSERT_LT(task, kTasks);
+        ++seen[static_cast<size_t>(task)];
+      }
+    for (int64_t task = 0; task < kTasks; ++task)
+      ASSERT_EQ(seen[static_cast<size_t>(task)], 1) << "task " << task << ", round " << round;
+  }
 }
 
 }  // namespace

@@ -29,6 +29,7 @@
 
 #include "api/accumulate.hpp"
 #include "api/forward_driver.hpp"
+#include "api/task_claims.hpp"
 #include "api/validate.hpp"
 #include "common/checked_math.hpp"
 #include "common/format.hpp"
@@ -76,8 +77,9 @@ struct Scratch {
 }  // namespace detail
 
 struct Context::Impl {
-  explicit Impl(int threads) : pool(threads) {}
+  explicit Impl(int threads) : pool(threads), gate_up_tasks(threads), down_tasks(threads) {}
   detail::ThreadPool pool;
+  detail::TaskClaims gate_up_tasks, down_tasks;  // of the running chunk's phases 1 and 2
   std::unique_ptr<uint8_t, detail::AlignedFree> arena;
   size_t arena_bytes = 0;
   size_t memory_limit = Context::kDefaultMemoryLimit;
@@ -198,13 +200,14 @@ void bind(Layout& l, uint8_t* base) {
   s.thread_buf = reinterpret_cast<float*>(base + l.thread_buf);
 }
 
-// The counters of one chunk: what its threads claim and what they wait for.
+// The counters of one chunk's phase 0: what its threads claim and what they wait for.
 struct ChunkSync {
-  std::atomic<int64_t> claim[3];  // the next row batch or task of phases 0, 1 and 2
-  // input rows quantized, plus 1 once the pairs are sorted: phase 1 starts at rows + 1
+  std::atomic<int64_t> claim;  // the next batch of input rows
+  // input rows quantized, plus 1 once the pairs are sorted and the tasks of phases 1 and 2 set:
+  // phase 1 starts at rows + 1
   std::atomic<int64_t> ready;
   void clear() noexcept {
-    for (auto& c : claim) c.store(0, std::memory_order_relaxed);
+    claim.store(0, std::memory_order_relaxed);
     ready.store(0, std::memory_order_relaxed);
   }
 };
@@ -212,9 +215,15 @@ struct ChunkSync {
 // Runs on every thread of the pool.
 class Worker {
  public:
-  // sync[2]: chunk c uses sync[c % 2]; both cleared.
-  Worker(const Problem& p, const Scratch& s, ThreadPool& pool, ChunkSync* sync)
-      : p_(p), s_(s), pool_(pool), sync_(sync) {}
+  // sync[2]: chunk c uses sync[c % 2]; both cleared. The claims are reset by each chunk.
+  Worker(const Problem& p, const Scratch& s, ThreadPool& pool, ChunkSync* sync,
+         TaskClaims& gate_up_tasks, TaskClaims& down_tasks)
+      : p_(p),
+        s_(s),
+        pool_(pool),
+        sync_(sync),
+        gate_up_tasks_(gate_up_tasks),
+        down_tasks_(down_tasks) {}
 
   void operator()(int tid) {
     if (p_.set->thread_begin != nullptr) p_.set->thread_begin();
@@ -227,8 +236,8 @@ class Worker {
       if (tid == 0 && chunk > 0) sync_[(chunk + 1) % 2].clear();
       const int64_t rows = quantize_inputs(tid, t0, tokens, sync);
       wait_until([&] { return sync.ready.load(std::memory_order_acquire) >= rows + 1; });
-      gate_up(tid, tokens, sync.claim[1]);
-      down(tid, t0, tokens, sync.claim[2]);
+      gate_up(tid, tokens);
+      down(tid, t0, tokens);
       if (t0 + p_.chunk_tokens < p_.s.tokens) pool_.barrier();
     }
     if (p_.set->thread_end != nullptr) p_.set->thread_end();
@@ -310,6 +319,9 @@ class Worker {
   int64_t quantize_inputs(int tid, int64_t t0, int64_t tokens, ChunkSync& sync) {
     if (tid == 0) {
       sort_pairs(t0, tokens);
+      // every thread of the previous chunk passed the barrier after its last claim
+      gate_up_tasks_.reset(int64_t{active_count_} * inter_slices());
+      down_tasks_.reset(down_slices());
       sync.ready.fetch_add(1, std::memory_order_release);
     }
     const bool on_input = p_.params->apply_router_weight_on_input;
@@ -317,7 +329,7 @@ class Worker {
     const int64_t rows = on_input ? tokens * K : tokens;
     float* row = thread_buf(tid);
     for (;;) {
-      const int64_t r0 = sync.claim[0].fetch_add(kQuantBatch, std::memory_order_relaxed);
+      const int64_t r0 = sync.claim.fetch_add(kQuantBatch, std::memory_order_relaxed);
       if (r0 >= rows) break;
       const int64_t r1 = std::min(rows, r0 + kQuantBatch);
       quantize_batch(t0, r0, r1, row);
@@ -355,12 +367,19 @@ class Worker {
     out[1] = {expert + g.scales_offset + q0 * scale_bytes, ((q1 - q0) * scale_bytes + 63) / 64};
   }
 
-  void gate_up(int tid, int64_t tokens, std::atomic<int64_t>& next) {
+  // Phase 1's tasks: slices of I per active expert, experts ascending.
+  int64_t inter_slices() const { return (p_.s.inter + kSliceI - 1) / kSliceI; }
+  // Phase 2's tasks: slices of H.
+  int64_t down_slices() const {
+    const int64_t slice = down_slice(p_.s.hidden, pool_.size());
+    return (p_.s.hidden + slice - 1) / slice;
+  }
+
+  void gate_up(int tid, int64_t tokens) {
     (void)tokens;
     const bool on_input = p_.params->apply_router_weight_on_input;
     const int64_t I = p_.s.inter, K = p_.s.top_k, tile = p_.set->tile_m;
-    const int64_t slices = (I + kSliceI - 1) / kSliceI;
-    const int64_t tasks = int64_t{active_count_} * slices;
+    const int64_t slices = inter_slices();
     const int64_t up = p_.w13->part_rows_padded;  // first row of the up part
     float* cg = thread_buf(tid);
     float* cu = cg + tile * kSliceI;
@@ -370,14 +389,14 @@ class Worker {
     };
     // Each thread claims one task ahead and prefetches its weights while computing the current
     // one, so that the first tile of a task does not wait for DRAM.
-    int64_t task = next.fetch_add(1, std::memory_order_relaxed);
-    while (task < tasks) {
-      const int64_t following = next.fetch_add(1, std::memory_order_relaxed);
+    int64_t task = gate_up_tasks_.claim(tid);
+    while (task >= 0) {
+      const int64_t following = gate_up_tasks_.claim(tid);
       const int32_t e = s_.active[task / slices];
       const int64_t i0 = (task % slices) * kSliceI, i1 = std::min(I, i0 + kSliceI);
       const uint8_t* expert = expert_of(task);
       PrefetchRange pf_gate[2] = {}, pf_up[2] = {};
-      if (following < tasks) {
+      if (following >= 0) {
         const int64_t j0 = (following % slices) * kSliceI, j1 = std::min(I, j0 + kSliceI);
         rows_ranges(*p_.w13, expert_of(following), j0, j1, pf_gate);
         rows_ranges(*p_.w13, expert_of(following), up + j0, up + j1, pf_up);
@@ -439,18 +458,17 @@ class Worker {
     }
   }
 
-  void down(int tid, int64_t t0, int64_t tokens, std::atomic<int64_t>& next) {
+  void down(int tid, int64_t t0, int64_t tokens) {
     const bool on_input = p_.params->apply_router_weight_on_input;
     const int64_t H = p_.s.hidden, K = p_.s.top_k, tile = p_.set->tile_m;
     const int64_t slice = down_slice(H, pool_.size());
-    const int64_t slices = (H + slice - 1) / slice;
     float* c = thread_buf(tid);
     QuantRow a[kMaxTileM];
     const MutableTensorView& out = *p_.out;
     const int64_t out_stride = out.stride();
     for (;;) {
-      const int64_t task = next.fetch_add(1, std::memory_order_relaxed);
-      if (task >= slices) break;
+      const int64_t task = down_tasks_.claim(tid);
+      if (task < 0) break;
       const int64_t h0 = task * slice, h1 = std::min(H, h0 + slice), w = h1 - h0;
       for (int64_t t = 0; t < tokens; ++t) std::fill_n(s_.acc + t * H + h0, w, 0.0f);
       const int64_t requantized = (p_.s.inter + kSliceI - 1) / kSliceI + 1;
@@ -496,6 +514,8 @@ class Worker {
   const Scratch& s_;
   ThreadPool& pool_;
   ChunkSync* sync_;
+  TaskClaims& gate_up_tasks_;
+  TaskClaims& down_tasks_;
   int32_t active_count_ = 0;  // written by thread 0 in phase 0, read once the chunk is ready
 };
 
@@ -594,7 +614,7 @@ void run_forward(Context& context, const ForwardJob& job) {
   ChunkSync sync[2];
   for (auto& c : sync) c.clear();
   // The worker's copy of the active-expert count must be shared: one Worker object for all.
-  Worker worker(p, layout.scratch, impl.pool, sync);
+  Worker worker(p, layout.scratch, impl.pool, sync, impl.gate_up_tasks, impl.down_tasks);
   impl.pool.run(worker);
 }
 
