@@ -5,8 +5,11 @@
 // measures them between its timed runs instead, which follows a drifting machine more closely).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <set>
@@ -19,6 +22,8 @@
 #if defined(__x86_64__)
 #include "kernels/x86_amx/amx_kernels.hpp"
 #endif
+#include "api/task_claims.hpp"
+#include "common/large_alloc.hpp"
 #include "pack/packed_format.hpp"
 #include "registry.hpp"
 #include "w4a8moe/probe.hpp"
@@ -115,6 +120,111 @@ BENCHMARK(BM_Layer)
     ->ArgNames({"tokens", "skewed"})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
+
+// Reading a decode step's worth of weights (21 MB, Qwen3-30B-A3B at one token) cold on every
+// hardware thread, with nothing else to do, in the access patterns a forward's tasks can have
+// (docs/performance.md, "Decode: where the time goes"): 0, each thread one contiguous share;
+// 1, runs of `kib` KiB taken in turn from one counter; 2, the same runs claimed as the driver
+// claims its tasks (TaskClaims: a thread's own share from the front, the others' from the
+// back); 3, each thread its own share, alternating between four runs like a phase-1 task (the
+// gate rows, their scales at 1/16 of the size, the up rows, their scales).
+uint64_t sum_lines(const uint8_t* p, size_t bytes) {
+  const auto* w = reinterpret_cast<const uint64_t*>(p);
+  uint64_t a = 0, b = 0;
+  for (size_t i = 0; i + 8 <= bytes / 8; i += 8) {
+    __builtin_prefetch(w + i + 256);  // 2 KiB ahead, as the kernels and the probes do
+    a += w[i] + w[i + 2] + w[i + 4] + w[i + 6];
+    b += w[i + 1] + w[i + 3] + w[i + 5] + w[i + 7];
+  }
+  return a + b;
+}
+
+void BM_ReadPattern(benchmark::State& state) {
+  const int pattern = static_cast<int>(state.range(0));
+  const size_t run = static_cast<size_t>(state.range(1)) << 10;
+  const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  constexpr size_t kBytes = size_t{21} << 20, kRegions = 16;
+  // on 2 MiB pages, as the packed weights; rotated over so that no iteration reuses another's
+  static const std::unique_ptr<uint8_t, decltype(&std::free)> memory = [] {
+    auto* p = static_cast<uint8_t*>(detail::large_alloc(kBytes * kRegions, 64));
+    if (p == nullptr) throw std::bad_alloc();
+    std::fill_n(p, kBytes * kRegions, uint8_t{1});
+    return std::unique_ptr<uint8_t, decltype(&std::free)>(p, &std::free);
+  }();
+  const size_t runs = kBytes / run;
+  detail::TaskClaims claims(threads);
+  std::atomic<size_t> next{0};
+  std::atomic<int> started{0}, finished{0};
+  std::atomic<int64_t> go{0};
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> sink{0};
+  const uint8_t* base = nullptr;
+  auto read = [&](int t) {
+    uint64_t sum = 0;
+    const size_t share = kBytes / static_cast<size_t>(threads);
+    const uint8_t* own = base + share * static_cast<size_t>(t);
+    if (pattern == 0) {
+      sum = sum_lines(own, share);
+    } else if (pattern == 1) {
+      for (size_t r = next.fetch_add(1); r < runs; r = next.fetch_add(1))
+        sum += sum_lines(base + r * run, run);
+    } else if (pattern == 2) {
+      for (int64_t r = claims.claim(t); r >= 0; r = claims.claim(t))
+        sum += sum_lines(base + static_cast<size_t>(r) * run, run);
+    } else {
+      const size_t rows = share / 2 * 15 / 16 / run * run, scales = run / 16;
+      for (size_t o = 0, so = 0; o < rows; o += run, so += scales) {
+        sum += sum_lines(own + o, run);
+        sum += sum_lines(own + 2 * rows + so, scales);
+        sum += sum_lines(own + rows + o, run);
+        sum += sum_lines(own + 2 * rows + rows / 16 + so, scales);
+      }
+    }
+    sink.fetch_add(sum, std::memory_order_relaxed);
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      started.fetch_add(1);
+      for (int64_t seen = 0;;) {
+        int64_t g;
+        while ((g = go.load(std::memory_order_acquire)) == seen && !stop.load()) {
+        }
+        if (stop.load()) return;
+        seen = g;
+        read(t);
+        finished.fetch_add(1, std::memory_order_release);
+      }
+    });
+  while (started.load() < threads - 1) std::this_thread::yield();
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));  // the caller onto an idle CPU
+  int64_t round = 0;
+  for (auto _ : state) {
+    base = memory.get() + kBytes * static_cast<size_t>(round % kRegions);
+    cli::flush_from_caches(base, kBytes);
+    next.store(0);
+    claims.reset(static_cast<int64_t>(runs));
+    finished.store(0);
+    const auto t0 = std::chrono::steady_clock::now();
+    go.store(++round, std::memory_order_release);
+    read(0);
+    while (finished.load(std::memory_order_acquire) < threads - 1) {
+    }
+    state.SetIterationTime(seconds_since(t0));
+  }
+  stop.store(true);
+  for (auto& th : pool) th.join();
+  benchmark::DoNotOptimize(sink.load());
+  state.counters["bytes_per_s"] =
+      benchmark::Counter(static_cast<double>(kBytes) * static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_ReadPattern)
+    ->Args({0, 64})
+    ->ArgsProduct({{1, 2, 3}, {64, 256}})
+    ->ArgNames({"pattern", "kib"})
+    ->Unit(benchmark::kMillisecond)
+    ->UseManualTime();
 
 // One GEMM micro-kernel call over a 64-row slice of an expert of K = 2048 (hot in cache), with
 // weight groups of 32, 128 or channelwise.
