@@ -3,7 +3,7 @@
 // others' remaining tasks from their backs. Consecutive tasks read neighbouring weights, so each
 // thread streams its own region of memory, far from the others'. Taking tasks in turn from one
 // counter would have the threads read alternate 64 KiB runs of the same region, which DRAM
-// serves about 1.4x slower here (docs/performance.md, "Decode: where the time goes"). Taking
+// serves about 1.3x slower here (docs/performance.md, "Decode: where the time goes"). Taking
 // from the backs keeps a late or slow thread from holding the others up.
 #pragma once
 
