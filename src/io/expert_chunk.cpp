@@ -1,8 +1,20 @@
 // Buffers of consecutive expert slots (checkpoint.hpp, ExpertChunk).
+#include "common/format.hpp"
 #include "common/numeric.hpp"
 #include "io/checkpoint.hpp"
 
 namespace w4a8moe::io {
+
+namespace {
+
+// i in [0, end), or an Error naming what: the chunk's callers are internal, so a miss is a bug
+// that should say so, not read past the buffers.
+void check_slots(const char* what, int64_t i, int64_t end) {
+  if (i < 0 || i >= end)
+    throw Error(detail::cat("ExpertChunk: ", what, " ", i, " outside [0, ", end, ")"));
+}
+
+}  // namespace
 
 SlotSizes slot_sizes(const LayerInfo& info) {
   const auto H = static_cast<size_t>(info.hidden), I = static_cast<size_t>(info.inter);
@@ -32,6 +44,7 @@ ExpertChunk::ExpertChunk(const LayerInfo& info, int64_t count)
 }
 
 ExpertSlot ExpertChunk::slot(int64_t i) {
+  check_slots("slot", i, count_);
   const auto k = static_cast<size_t>(i);
   ExpertSlot s;
   s.w13 = w13_.data() + k * sizes_.w13;
@@ -46,28 +59,34 @@ ExpertSlot ExpertChunk::slot(int64_t i) {
 }
 
 TensorView ExpertChunk::w13(int64_t n) const {
+  check_slots("count", n, count_ + 1);
   return TensorView::of(w13_.data(), DType::u8, {n, 2 * info_.inter, info_.hidden / 2});
 }
 TensorView ExpertChunk::w13_scale(int64_t n) const {
+  check_slots("count", n, count_ + 1);
   if (info_.group_size == -1)
     return TensorView::of(w13_scale_.data(), info_.w13_scale_dtype, {n, 2 * info_.inter});
   return TensorView::of(w13_scale_.data(), info_.w13_scale_dtype,
                         {n, 2 * info_.inter, info_.hidden / info_.group_size});
 }
 TensorView ExpertChunk::w13_bias(int64_t n) const {
+  check_slots("count", n, count_ + 1);
   if (!info_.expert_bias) return {};
   return TensorView::of(w13_bias_.data(), DType::f32, {n, 2 * info_.inter});
 }
 TensorView ExpertChunk::w2(int64_t n) const {
+  check_slots("count", n, count_ + 1);
   return TensorView::of(w2_.data(), DType::u8, {n, info_.hidden, info_.inter / 2});
 }
 TensorView ExpertChunk::w2_scale(int64_t n) const {
+  check_slots("count", n, count_ + 1);
   if (info_.group_size == -1)
     return TensorView::of(w2_scale_.data(), info_.w2_scale_dtype, {n, info_.hidden});
   return TensorView::of(w2_scale_.data(), info_.w2_scale_dtype,
                         {n, info_.hidden, info_.inter / info_.group_size});
 }
 TensorView ExpertChunk::w2_bias(int64_t n) const {
+  check_slots("count", n, count_ + 1);
   if (!info_.expert_bias) return {};
   return TensorView::of(w2_bias_.data(), DType::f32, {n, info_.hidden});
 }
