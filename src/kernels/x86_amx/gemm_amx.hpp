@@ -362,7 +362,8 @@ void amx_groups_block(const Geometry& g, const uint8_t* a, int64_t a_stride, int
     i += 4;
   };
   four.template operator()<false>();  // i = 0..3 (kLag + 1 <= 4)
-  while (i + 4 <= total) four.template operator()<true>();  // four advances i
+  // four advances i
+  while (i + 4 <= total) four.template operator()<true>();
   while (i <= total + kLag) four.template operator()<false>();
 }
 
