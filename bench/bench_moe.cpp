@@ -129,14 +129,7 @@ BENCHMARK(BM_Layer)
 // back); 3, each thread its own share, alternating between four runs like a phase-1 task (the
 // gate rows, their scales at 1/16 of the size, the up rows, their scales).
 uint64_t sum_lines(const uint8_t* p, size_t bytes) {
-  const auto* w = reinterpret_cast<const uint64_t*>(p);
-  uint64_t a = 0, b = 0;
-  for (size_t i = 0; i + 8 <= bytes / 8; i += 8) {
-    __builtin_prefetch(w + i + 256);  // 2 KiB ahead, as the kernels and the probes do
-    a += w[i] + w[i + 2] + w[i + 4] + w[i + 6];
-    b += w[i + 1] + w[i + 3] + w[i + 5] + w[i + 7];
-  }
-  return a + b;
+  return cli::sum_range(reinterpret_cast<const uint64_t*>(p), bytes / 8);
 }
 
 void BM_ReadPattern(benchmark::State& state) {

@@ -32,20 +32,6 @@ struct Buffer {
 
 volatile uint64_t g_sink;
 
-uint64_t sum_range(const uint64_t* p, size_t n) {
-  uint64_t a = 0, b = 0, c = 0, d = 0;
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __builtin_prefetch(p + i + 256);  // 2 KiB ahead, as the kernels prefetch their next weights
-    a += p[i] + p[i + 4];
-    b += p[i + 1] + p[i + 5];
-    c += p[i + 2] + p[i + 6];
-    d += p[i + 3] + p[i + 7];
-  }
-  for (; i < n; ++i) a += p[i];
-  return a + b + c + d;
-}
-
 void parallel_sum(const Buffer& buf, int threads) {
   std::vector<std::thread> pool;
   std::vector<uint64_t> sums(static_cast<size_t>(threads));
@@ -67,6 +53,20 @@ Buffer& probe_buffer() {
 }
 
 }  // namespace
+
+uint64_t sum_range(const uint64_t* p, size_t n) {
+  uint64_t a = 0, b = 0, c = 0, d = 0;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __builtin_prefetch(p + i + 256);  // 2 KiB ahead, as the kernels prefetch their next weights
+    a += p[i] + p[i + 4];
+    b += p[i + 1] + p[i + 5];
+    c += p[i + 2] + p[i + 6];
+    d += p[i + 3] + p[i + 7];
+  }
+  for (; i < n; ++i) a += p[i];
+  return a + b + c + d;
+}
 
 double measure_cold_read(size_t bytes, int threads) {
   Buffer& buf = probe_buffer();
@@ -172,7 +172,7 @@ double measure_peak_macs(const std::string& kernel_set, int threads, int runs) {
     for (int t = 0; t < threads; ++t)
       pool.emplace_back([&, t] {
         while (!go.load(std::memory_order_acquire)) {
-      }
+        }
         const auto end = std::chrono::steady_clock::now() + kWindow;
         double done = 0;
         do done += probe(slice);

@@ -3,9 +3,14 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace w4a8moe::cli {
+
+// The sum of words [0, n) of p, read with a software prefetch 2 KiB ahead, as the kernels
+// prefetch their next weights: the read loop of every probe here.
+uint64_t sum_range(const uint64_t* p, size_t n);
 
 // Streaming read bandwidth in bytes/s: `threads` threads each sum their part of a 1 GiB buffer
 // (allocated once per process); median of `runs`.
