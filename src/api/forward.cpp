@@ -9,8 +9,9 @@
 //      (each row spans every slice, and its int8 scale depends on the whole row);
 //   2. tasks = slices of H: for every expert in ascending order and its pairs, the down rows of
 //      the slice, weighted and summed into the token's f32 accumulator, then converted to out.
-// Tasks are claimed dynamically. Every output element is summed in one fixed order (experts
-// ascending, then slots ascending), so the result is bit-identical for any thread count.
+// Tasks are claimed dynamically (task_claims.hpp). Every output element is summed in one fixed
+// order (experts ascending, then slots ascending), so the result is bit-identical for any thread
+// count.
 //
 // No barrier inside a chunk: a thread enters phase 1 once every input row is quantized and the
 // pairs are sorted, and starts the down rows of an expert once that expert is requantized. A
@@ -236,7 +237,7 @@ class Worker {
       if (tid == 0 && chunk > 0) sync_[(chunk + 1) % 2].clear();
       const int64_t rows = quantize_inputs(tid, t0, tokens, sync);
       wait_until([&] { return sync.ready.load(std::memory_order_acquire) >= rows + 1; });
-      gate_up(tid, tokens);
+      gate_up(tid);
       down(tid, t0, tokens);
       if (t0 + p_.chunk_tokens < p_.s.tokens) pool_.barrier();
     }
@@ -375,8 +376,7 @@ class Worker {
     return (p_.s.hidden + slice - 1) / slice;
   }
 
-  void gate_up(int tid, int64_t tokens) {
-    (void)tokens;
+  void gate_up(int tid) {
     const bool on_input = p_.params->apply_router_weight_on_input;
     const int64_t I = p_.s.inter, K = p_.s.top_k, tile = p_.set->tile_m;
     const int64_t slices = inter_slices();
@@ -462,6 +462,7 @@ class Worker {
     const bool on_input = p_.params->apply_router_weight_on_input;
     const int64_t H = p_.s.hidden, K = p_.s.top_k, tile = p_.set->tile_m;
     const int64_t slice = down_slice(H, pool_.size());
+    const int64_t requantized = inter_slices() + 1;  // an expert's done count once requantized
     float* c = thread_buf(tid);
     QuantRow a[kMaxTileM];
     const MutableTensorView& out = *p_.out;
@@ -471,7 +472,6 @@ class Worker {
       if (task < 0) break;
       const int64_t h0 = task * slice, h1 = std::min(H, h0 + slice), w = h1 - h0;
       for (int64_t t = 0; t < tokens; ++t) std::fill_n(s_.acc + t * H + h0, w, 0.0f);
-      const int64_t requantized = (p_.s.inter + kSliceI - 1) / kSliceI + 1;
       for (int32_t ai = 0; ai < active_count_; ++ai) {
         const int32_t e = s_.active[ai];
         wait_until([&] { return done(ai).load(std::memory_order_acquire) >= requantized; });
