@@ -14,6 +14,7 @@
 #include "checkpoint_families.hpp"
 #include "checkpoint_test_util.hpp"
 #include "checkpoint_writers.hpp"
+#include "io/checkpoint.hpp"
 #include "io/ggml_types.hpp"
 #include "io/gguf.hpp"
 #include "pack/packed_format.hpp"
@@ -228,6 +229,20 @@ TEST(Gguf, ExpertPackerChecksItsChunks) {
               HasSubstr("expected chunks like the first"));
   EXPECT_THAT(error_of([&] { (void)std::move(p).finish(); }),
               HasSubstr("expected 3 experts appended before finish(), got 1"));
+}
+
+TEST(Gguf, ExpertChunkRefusesSlotsAndCountsPastItsSize) {
+  w4a8moe::io::LayerInfo info;
+  info.hidden = 64;
+  info.inter = 32;
+  info.group_size = 32;
+  w4a8moe::io::ExpertChunk chunk(info, 2);
+  EXPECT_NE(chunk.slot(1).w2, nullptr);
+  EXPECT_EQ(chunk.w2(2).shape[0], 2);
+  EXPECT_THAT(error_of([&] { (void)chunk.slot(2); }),
+              HasSubstr("ExpertChunk: slot 2 outside [0, 2)"));
+  EXPECT_THAT(error_of([&] { (void)chunk.slot(-1); }), HasSubstr("slot -1 outside [0, 2)"));
+  EXPECT_THAT(error_of([&] { (void)chunk.w13_scale(3); }), HasSubstr("count 3 outside [0, 3)"));
 }
 
 // ---------------------------------------------------------------------------------------------
