@@ -200,12 +200,11 @@ TEST(Gguf, Q4_0ReadsBackBitForBit) {
     for (int64_t n = 0; n < 2 * spec.I; ++n)
       for (int64_t b = 0; b < geo.groups; ++b) {
         const int64_t pr = geo.padded_row(n), q = pr / geo.panel, r = pr % geo.panel;
+        const uint8_t* expert = packed.w13.bytes().data() + detail::kHeaderBytes +
+                                static_cast<size_t>(e) * geo.expert_bytes;
         uint16_t got;
         std::memcpy(&got,
-                    packed.w13.bytes().data() + detail::kHeaderBytes +
-                        static_cast<size_t>(e) * geo.expert_bytes + geo.scales_offset +
-                        static_cast<size_t>(((q * geo.groups + b) * geo.panel + r) * 2),
-                    2);
+                    geo.panel_scales(expert, q) + static_cast<size_t>((b * geo.panel + r) * 2), 2);
         ASSERT_EQ(got, want13[static_cast<size_t>((e * 2 * spec.I + n) * geo.groups + b)])
             << "expert " << e << " row " << n << " group " << b;
       }

@@ -224,7 +224,7 @@ TEST_P(KernelGemm, MatchesTheFormulaAroundTileEdges) {
       {1, 32, 32, false},    {7, 64, 32, false},    {8, 96, 32, false},    {9, 64, 64, false},
       {15, 256, 128, false}, {16, 32, -1, false},   {17, 40, -1, false},   {31, 2048, 32, false},
       {33, 96, 96, false},   {64, 256, 256, false}, {100, 200, -1, false}, {6, 64, 32, true},
-      {34, 64, -1, true},    {48, 2048, 64, true},
+      {34, 64, -1, true},    {48, 2048, 64, true},  {200, 64, 32, true},   {264, 96, -1, true},
   };
   const KernelSet* set = GetParam();
   for (const GemmCase& c : cases) {
@@ -250,37 +250,40 @@ TEST_P(KernelGemm, MatchesTheFormulaAroundTileEdges) {
                                 g.cols_padded, g.group_len));
       std::vector<QuantRow> a;
       for (auto& r : rows) a.push_back(r.row);
-      // every part of the padded row space, in two calls when it is long enough
-      for (int64_t part = 0; part < g.parts; ++part) {
-        const int64_t begin = part * g.part_rows_padded;
-        const int64_t split = g.part_rows > 32 ? 32 : g.part_rows;
-        for (auto [n0, n1] :
-             {std::pair{begin, begin + split}, std::pair{begin + split, begin + g.part_rows}}) {
-          if (n0 >= n1) continue;
-          const int64_t width = (n1 - n0 + 15) / 16 * 16;
-          std::vector<float> out(static_cast<size_t>(m * width), NAN);
-          gemm(*set, packed, g, a.data(), m, n0, n1, out.data(), width);
-          for (int64_t r = 0; r < m; ++r) {
-            for (int64_t n = n0; n < n1; ++n) {
-              const int64_t logical = part * g.part_rows + (n - begin);
-              const double want =
-                  expected(w, s, c.cols, groups, logical, a[static_cast<size_t>(r)], g.group_len,
-                           static_cast<double>(bias[static_cast<size_t>(logical)]));
-              // f32 rounding of the group sums and the epilogue: a few ulp of the magnitude of
-              // the terms, which is at most recip * sum|s * dot| + |bias|.
-              double mag = std::fabs(static_cast<double>(bias[static_cast<size_t>(logical)]));
-              for (int64_t b = 0; b < groups; ++b)
-                mag += static_cast<double>(a[static_cast<size_t>(r)].recip) * 128.0 * 8.0 *
-                       static_cast<double>(g.group_len) *
-                       static_cast<double>(s[static_cast<size_t>(logical * groups + b)]) / 16.0;
-              const double got =
-                  static_cast<double>(out[static_cast<size_t>(r * width + (n - n0))]);
-              ASSERT_NEAR(got, want, 1e-6 * mag + 1e-6)
-                  << "m " << m << " row " << r << " output " << n;
+      // every block of every part of the stored rows (one run each), in two calls when it is
+      // long enough
+      for (int64_t part = 0; part < g.parts; ++part)
+        for (int64_t j0 = 0; j0 < g.part_rows; j0 += g.block_rows) {
+          const int64_t begin = g.stored_row(part, j0);
+          const int64_t len = std::min(g.part_rows - j0, g.block_len(j0));
+          const int64_t split = len > 32 ? 32 : len;
+          for (auto [n0, n1] :
+               {std::pair{begin, begin + split}, std::pair{begin + split, begin + len}}) {
+            if (n0 >= n1) continue;
+            const int64_t width = (n1 - n0 + 15) / 16 * 16;
+            std::vector<float> out(static_cast<size_t>(m * width), NAN);
+            gemm(*set, packed, g, a.data(), m, n0, n1, out.data(), width);
+            for (int64_t r = 0; r < m; ++r) {
+              for (int64_t n = n0; n < n1; ++n) {
+                const int64_t logical = part * g.part_rows + j0 + (n - begin);
+                const double want =
+                    expected(w, s, c.cols, groups, logical, a[static_cast<size_t>(r)], g.group_len,
+                             static_cast<double>(bias[static_cast<size_t>(logical)]));
+                // f32 rounding of the group sums and the epilogue: a few ulp of the magnitude of
+                // the terms, which is at most recip * sum|s * dot| + |bias|.
+                double mag = std::fabs(static_cast<double>(bias[static_cast<size_t>(logical)]));
+                for (int64_t b = 0; b < groups; ++b)
+                  mag += static_cast<double>(a[static_cast<size_t>(r)].recip) * 128.0 * 8.0 *
+                         static_cast<double>(g.group_len) *
+                         static_cast<double>(s[static_cast<size_t>(logical * groups + b)]) / 16.0;
+                const double got =
+                    static_cast<double>(out[static_cast<size_t>(r * width + (n - n0))]);
+                ASSERT_NEAR(got, want, 1e-6 * mag + 1e-6)
+                    << "m " << m << " row " << r << " output " << n;
+              }
             }
           }
         }
-      }
     }
   }
 }

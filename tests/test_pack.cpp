@@ -284,6 +284,62 @@ TEST_F(PackedDamage, WrongVersion) {
   }
 }
 
+// A buffer of the first format version (separate weight, scale, correction and bias sections
+// per expert) is refused by name, not read as panel records.
+TEST_F(PackedDamage, FirstFormatVersionIsRefusedByName) {
+  const PackedWeights old =
+      with_header(packed_.w13, [](w4a8moe::detail::PackedHeader& h) { h.version = 1; });
+  expect_rejected(old.bytes(), true, {"version 2", "got version 1", "repack"});
+}
+
+TEST_F(PackedDamage, LayoutRecordFields) {
+  const w4a8moe::detail::Geometry g = w4a8moe::detail::read_geometry(packed_.w13.bytes(), "w13");
+  w4a8moe::detail::PackedHeader h;
+  std::memcpy(&h, packed_.w13.bytes().data(), sizeof h);
+  EXPECT_EQ(h.weight_format, 0u);
+  EXPECT_EQ(h.block_rows, 64u);
+  EXPECT_EQ(h.panel_bytes, g.panel_bytes);
+  EXPECT_EQ(g.panel_bytes % 64, 0u);
+  EXPECT_EQ(g.expert_bytes, static_cast<size_t>(g.panels) * g.panel_bytes);
+  expect_rejected(
+      with_header(packed_.w13, [](w4a8moe::detail::PackedHeader& x) { x.weight_format = 3; })
+          .bytes(),
+      true, {"weight format", "int4 symmetric", "got 3"});
+  expect_rejected(
+      with_header(packed_.w2, [](w4a8moe::detail::PackedHeader& x) { x.block_rows = 32; }).bytes(),
+      false, {"blocks of 64 rows", "got 32"});
+  expect_rejected(
+      with_header(packed_.w2, [](w4a8moe::detail::PackedHeader& x) { x.panel_bytes += 64; })
+          .bytes(),
+      false, {"sizes do not match"});
+}
+
+// The stored order of w13: gate and up alternate in blocks of 64 rows, the last block of each
+// part as long as what is left of it; every stored row holds exactly one logical row.
+TEST(PackedGeometry, StoredRowsAlternateGateAndUpInBlocks) {
+  for (const auto layout :
+       {w4a8moe::detail::LayoutId::qs4_b32_rowmajor, w4a8moe::detail::LayoutId::qu4_p16k8,
+        w4a8moe::detail::LayoutId::qu4_p8k8}) {
+    for (const int64_t inter : {int64_t{8}, int64_t{64}, int64_t{100}, int64_t{768}}) {
+      const w4a8moe::detail::Geometry g =
+          w4a8moe::detail::make_geometry(layout, w4a8moe::WeightRole::w13, 1, 2 * inter, 64, 32,
+                                         w4a8moe::DType::bf16, false, "w13");
+      std::vector<int> seen(static_cast<size_t>(g.rows_padded), 0);
+      for (int64_t n = 0; n < 2 * inter; ++n) {
+        const int64_t pr = g.padded_row(n);
+        ASSERT_GE(pr, 0);
+        ASSERT_LT(pr, g.rows_padded);
+        ++seen[static_cast<size_t>(pr)];
+        const int64_t part = n / inter, j = n % inter, b0 = j / 64 * 64;
+        // the block's gate rows, then its up rows, one run
+        EXPECT_EQ(pr, 2 * b0 + part * g.block_len(b0) + (j - b0)) << "inter " << inter;
+      }
+      for (const int count : seen) EXPECT_LE(count, 1);
+      EXPECT_EQ(g.stored_row(1, 0), inter >= 64 ? 64 : g.part_rows_padded);
+    }
+  }
+}
+
 TEST_F(PackedDamage, FlippedHeaderByte) {
   // Every byte of the header before the checksum: the checksum (or a field check) catches it.
   for (size_t i = 0; i < offsetof(w4a8moe::detail::PackedHeader, checksum); ++i) {

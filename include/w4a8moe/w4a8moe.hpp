@@ -29,7 +29,7 @@ struct ContextAccess;
 }  // namespace detail
 
 // Version of the packed-weights format this build writes and reads.
-inline constexpr uint32_t kPackedFormatVersion = 1;
+inline constexpr uint32_t kPackedFormatVersion = 2;
 
 // ---------------------------------------------------------------------------------------------
 // Errors and element types

@@ -200,16 +200,20 @@ def test_packed_header(group, bias):
         version, header_bytes, layout, role_, experts, n, k, g, scale_dtype, flags = \
             struct.unpack("<IIIIIIIiII", raw[8:48])
         expert_bytes, total_bytes = struct.unpack("<QQ", raw[48:64])
+        weight_format, block_rows, panel_bytes = struct.unpack("<IIQ", raw[64:80])
         (checksum,) = struct.unpack("<Q", raw[120:128])
-        assert (version, header_bytes, role_, experts, n, k, g) == (1, 128, role, 5, rows, cols,
+        assert (version, header_bytes, role_, experts, n, k, g) == (2, 128, role, 5, rows, cols,
                                                                     group)
+        # int4 symmetric; w13's gate and up alternate in blocks of 64 rows; records of 64 bytes
+        assert (weight_format, block_rows) == (0, 64)
+        assert panel_bytes % 64 == 0 and expert_bytes % panel_bytes == 0
         assert scale_dtype == (0 if group == -1 else 1)  # f32 / bf16, as given
         assert flags == (1 if bias else 0)
         assert total_bytes == len(raw) == 128 + experts * expert_bytes and expert_bytes % 64 == 0
         assert checksum == fnv1a64(raw[:120])
         info = w4a8moe.packed_info(packed)
         assert (info.version, info.experts, info.rows, info.cols, info.group_size,
-                info.has_bias, info.total_bytes) == (1, 5, rows, cols, group, bias, len(raw))
+                info.has_bias, info.total_bytes) == (2, 5, rows, cols, group, bias, len(raw))
         assert info.layout and info.role == ("w13" if role == 0 else "w2")
 
 

@@ -44,8 +44,9 @@ namespace w4a8moe {
 namespace detail {
 namespace {
 
-// Slices are multiples of every layout's panel height (16 at most).
-constexpr int64_t kSliceI = 64;                     // rows of gate (and of up) per phase-1 task
+// Slices are multiples of every layout's panel height (16 at most). A phase-1 task is one block
+// of the packed w13's stored order: its gate and up rows, which are one run of memory.
+constexpr int64_t kSliceI = kBlockRows;             // rows of gate (and of up) per phase-1 task
 constexpr int64_t kSliceHMax = 256;                 // rows of down per phase-2 task, at most
 constexpr int64_t kQuantBatch = 8;                  // rows per claim in phase 0
 constexpr size_t kChunkScratch = size_t{64} << 20;  // target scratch bytes per chunk
@@ -358,14 +359,11 @@ class Worker {
     }
   }
 
-  // The weights (and scales) of padded rows [n0, n1) of one expert, as prefetch ranges.
-  static void rows_ranges(const Geometry& g, const uint8_t* expert, int64_t n0, int64_t n1,
-                          PrefetchRange* out) {
+  // The panel records of stored rows [n0, n1) of one expert (one run), as a prefetch range.
+  static PrefetchRange rows_range(const Geometry& g, const uint8_t* expert, int64_t n0,
+                                  int64_t n1) {
     const int64_t P = g.panel, q0 = n0 / P, q1 = (n1 + P - 1) / P;
-    const int64_t panel_bytes = P * g.row_weight_bytes;
-    const int64_t scale_bytes = g.groups * P * static_cast<int64_t>(dtype_bytes(g.scale_dtype));
-    out[0] = {expert + g.weights_offset + q0 * panel_bytes, (q1 - q0) * panel_bytes / 64};
-    out[1] = {expert + g.scales_offset + q0 * scale_bytes, ((q1 - q0) * scale_bytes + 63) / 64};
+    return {g.panel_at(expert, q0), (q1 - q0) * static_cast<int64_t>(g.panel_bytes) / 64};
   }
 
   // Phase 1's tasks: slices of I per active expert, experts ascending.
@@ -380,7 +378,7 @@ class Worker {
     const bool on_input = p_.params->apply_router_weight_on_input;
     const int64_t I = p_.s.inter, K = p_.s.top_k, tile = p_.set->tile_m;
     const int64_t slices = inter_slices();
-    const int64_t up = p_.w13->part_rows_padded;  // first row of the up part
+    const Geometry& w13 = *p_.w13;
     float* cg = thread_buf(tid);
     float* cu = cg + tile * kSliceI;
     QuantRow a[kMaxTileM];
@@ -394,12 +392,15 @@ class Worker {
       const int64_t following = gate_up_tasks_.claim(tid);
       const int32_t e = s_.active[task / slices];
       const int64_t i0 = (task % slices) * kSliceI, i1 = std::min(I, i0 + kSliceI);
+      // the block's stored rows: gate's, then up's
+      const int64_t gate0 = w13.stored_row(0, i0), up0 = w13.stored_row(1, i0);
       const uint8_t* expert = expert_of(task);
       PrefetchRange pf_gate[2] = {}, pf_up[2] = {};
       if (following >= 0) {
-        const int64_t j0 = (following % slices) * kSliceI, j1 = std::min(I, j0 + kSliceI);
-        rows_ranges(*p_.w13, expert_of(following), j0, j1, pf_gate);
-        rows_ranges(*p_.w13, expert_of(following), up + j0, up + j1, pf_up);
+        const int64_t j0 = (following % slices) * kSliceI, len = w13.block_len(j0);
+        const int64_t g0 = w13.stored_row(0, j0);
+        pf_gate[0] = rows_range(w13, expert_of(following), g0, g0 + len);
+        pf_up[0] = rows_range(w13, expert_of(following), g0 + len, g0 + 2 * len);
       }
       const RowTiles tiles(s_.begin[e + 1] - s_.begin[e], tile);
       for (int64_t ti = 0; ti < tiles.count; ++ti) {
@@ -409,8 +410,8 @@ class Worker {
           a[r] = s_.qx_rows[on_input ? pair : pair / K];
         }
         const bool first = j == s_.begin[e];  // the tile that prefetches the next task
-        gemm(m, a, expert, *p_.w13, i0, i1, cg, kSliceI, first ? pf_gate : nullptr);
-        gemm(m, a, expert, *p_.w13, up + i0, up + i1, cu, kSliceI, first ? pf_up : nullptr);
+        gemm(m, a, expert, w13, gate0, gate0 + (i1 - i0), cg, kSliceI, first ? pf_gate : nullptr);
+        gemm(m, a, expert, w13, up0, up0 + (i1 - i0), cu, kSliceI, first ? pf_up : nullptr);
         for (int64_t r = 0; r < m; ++r) {
           float* dst = s_.m + static_cast<size_t>(s_.order[j + r]) * s_.m_stride + i0;
           p_.set->activate(*p_.params, cg + r * kSliceI, cu + r * kSliceI, dst, i1 - i0);
@@ -478,9 +479,9 @@ class Worker {
         const uint8_t* expert = p_.w2_base + static_cast<size_t>(e) * p_.w2->expert_bytes;
         PrefetchRange pf[2] = {};  // the next expert's rows of this slice
         if (ai + 1 < active_count_)
-          rows_ranges(*p_.w2,
-                      p_.w2_base + static_cast<size_t>(s_.active[ai + 1]) * p_.w2->expert_bytes, h0,
-                      h1, pf);
+          pf[0] = rows_range(
+              *p_.w2, p_.w2_base + static_cast<size_t>(s_.active[ai + 1]) * p_.w2->expert_bytes, h0,
+              h1);
         const RowTiles tiles(s_.begin[e + 1] - s_.begin[e], tile);
         for (int64_t ti = 0; ti < tiles.count; ++ti) {
           const int64_t j = s_.begin[e] + tiles.start(ti), m = tiles.size(ti);

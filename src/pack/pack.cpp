@@ -70,21 +70,21 @@ void read_row(const PackJob& job, int64_t e, int64_t n, int8_t* dst) {
   std::fill(dst + cols, dst + job.g.cols_padded, int8_t{0});
 }
 
-// Writes padded row pr's weights in the layout's format.
+// Writes stored row pr's weights in the layout's format into its panel record.
 void write_weights(const Geometry& g, const LayoutInfo& info, int64_t pr, const int8_t* v,
-                   uint8_t* weights) {
+                   uint8_t* block) {
+  const int64_t P = info.panel, q = pr / P, r = pr % P;
+  uint8_t* panel = g.panel_at(block, q);
   if (g.layout == LayoutId::qs4_b32_rowmajor) {
     // block byte i = element i (low nibble) | element i + 16 (high nibble), two's complement
-    uint8_t* dst = weights + pr * g.row_weight_bytes;
     for (int64_t b = 0; b < g.cols_padded / kBlock; ++b)
       for (int i = 0; i < 16; ++i)
-        dst[b * 16 + i] = static_cast<uint8_t>((v[b * kBlock + i] & 0x0f) |
-                                               ((v[b * kBlock + i + 16] & 0x0f) << 4));
+        panel[b * 16 + i] = static_cast<uint8_t>((v[b * kBlock + i] & 0x0f) |
+                                                 ((v[b * kBlock + i + 16] & 0x0f) << 4));
     return;
   }
   if (g.layout == LayoutId::qu4_p8k16) {  // Arm i8mm: row pairs, 16-column chunks
-    const int64_t P = info.panel, q = pr / P, r = pr % P;
-    uint8_t* dst = weights + q * P * g.row_weight_bytes + (r / 2) * 16 + (r % 2) * 8;
+    uint8_t* dst = panel + (r / 2) * 16 + (r % 2) * 8;
     for (int64_t c = 0; c < g.cols_padded / 16; ++c)
       for (int j = 0; j < 8; ++j)
         dst[c * 8 * P + j] =
@@ -92,8 +92,6 @@ void write_weights(const Geometry& g, const LayoutInfo& info, int64_t pr, const 
     return;
   }
   // panel layouts: chunk of 8 columns = 4P bytes; row r owns bytes 4r..4r+3
-  const int64_t P = info.panel, q = pr / P, r = pr % P;
-  uint8_t* panel = weights + q * P * g.row_weight_bytes;
   for (int64_t c = 0; c < g.cols_padded / 8; ++c)
     for (int j = 0; j < 4; ++j)
       panel[c * 4 * P + 4 * r + j] =
@@ -104,57 +102,56 @@ void pack_expert(const PackJob& job, int64_t e, uint8_t* block) {
   const Geometry& g = job.g;
   const LayoutInfo& info = layout_info(static_cast<uint32_t>(g.layout), job.w_name);
   std::vector<int8_t> row(static_cast<size_t>(g.cols_padded));
-  uint8_t* weights = block + g.weights_offset;
-  uint8_t* scales = block + g.scales_offset;
-  uint8_t* correction = block + g.correction_offset;
-  uint8_t* bias = block + g.bias_offset;
   const size_t sbytes = dtype_bytes(g.scale_dtype);
   const auto* given_scales = static_cast<const uint8_t*>(job.scale->data);
-  for (int64_t pr = 0; pr < g.rows_padded; ++pr) {
-    const int64_t part = pr / g.part_rows_padded, j = pr % g.part_rows_padded;
-    if (j >= g.part_rows) {  // padding row: weight 0, scale 0, correction 0, bias 0
-      std::fill(row.begin(), row.end(), int8_t{0});
-      write_weights(g, info, pr, row.data(), weights);
-      continue;  // the buffer is zero-filled: scales, correction and bias stay 0
-    }
-    const int64_t n = part * g.part_rows + j;
-    read_row(job, e, n, row.data());
-    write_weights(g, info, pr, row.data(), weights);
-    // scales, in the stored dtype; the correction uses the stored values
-    const int64_t src_row = source_row(job, n);
-    const int64_t P = info.panel, q = pr / P, r = pr % P;
-    double zsum = 0.0;
-    int64_t wsum_row = 0;
-    for (int64_t b = 0; b < g.groups; ++b) {
-      const int64_t src_index = (e * job.in.rows + src_row) * g.groups + b;
-      const float given = load_float(job.scale->data, job.scale->dtype, src_index);
-      uint8_t* sdst = scales + ((q * g.groups + b) * P + r) * static_cast<int64_t>(sbytes);
-      float stored = given;
-      if (g.scale_dtype == job.scale->dtype) {
-        std::memcpy(sdst, given_scales + src_index * static_cast<int64_t>(sbytes), sbytes);
-      } else {  // ScaleStorage::bf16 rounding
-        const uint16_t h = f32_to_bf16(given);
-        std::memcpy(sdst, &h, 2);
-        stored = bf16_to_f32(h);
+  for (int64_t part = 0; part < g.parts; ++part)
+    for (int64_t j = 0; j < g.part_rows_padded; ++j) {
+      const int64_t pr = g.stored_row(part, j);
+      if (j >= g.part_rows) {  // padding row: weight 0, scale 0, correction 0, bias 0
+        std::fill(row.begin(), row.end(), int8_t{0});
+        write_weights(g, info, pr, row.data(), block);
+        continue;  // the buffer is zero-filled: scales, correction and bias stay 0
       }
-      int64_t wsum = 0;
-      for (int64_t k = b * g.group_len; k < (b + 1) * g.group_len; ++k)
-        wsum += row[static_cast<size_t>(k)];
-      wsum_row += wsum;
-      zsum += static_cast<double>(stored) * static_cast<double>(wsum);
+      const int64_t n = part * g.part_rows + j;
+      read_row(job, e, n, row.data());
+      write_weights(g, info, pr, row.data(), block);
+      // scales, in the stored dtype; the correction uses the stored values
+      const int64_t src_row = source_row(job, n);
+      const int64_t P = info.panel, q = pr / P, r = pr % P;
+      uint8_t* scales = g.panel_scales(block, q);
+      double zsum = 0.0;
+      int64_t wsum_row = 0;
+      for (int64_t b = 0; b < g.groups; ++b) {
+        const int64_t src_index = (e * job.in.rows + src_row) * g.groups + b;
+        const float given = load_float(job.scale->data, job.scale->dtype, src_index);
+        uint8_t* sdst = scales + (b * P + r) * static_cast<int64_t>(sbytes);
+        float stored = given;
+        if (g.scale_dtype == job.scale->dtype) {
+          std::memcpy(sdst, given_scales + src_index * static_cast<int64_t>(sbytes), sbytes);
+        } else {  // ScaleStorage::bf16 rounding
+          const uint16_t h = f32_to_bf16(given);
+          std::memcpy(sdst, &h, 2);
+          stored = bf16_to_f32(h);
+        }
+        int64_t wsum = 0;
+        for (int64_t k = b * g.group_len; k < (b + 1) * g.group_len; ++k)
+          wsum += row[static_cast<size_t>(k)];
+        wsum_row += wsum;
+        zsum += static_cast<double>(stored) * static_cast<double>(wsum);
+      }
+      uint8_t* correction = g.row_correction(block, pr);
+      if (g.channelwise()) {
+        const auto c = static_cast<int32_t>(wsum_row);
+        std::memcpy(correction, &c, 4);
+      } else {
+        const auto c = static_cast<float>(zsum);
+        std::memcpy(correction, &c, 4);
+      }
+      if (g.has_bias) {
+        const float b = load_float(job.bias->data, job.bias->dtype, e * job.in.rows + src_row);
+        std::memcpy(g.row_bias(block, pr), &b, 4);
+      }
     }
-    if (g.channelwise()) {
-      const auto c = static_cast<int32_t>(wsum_row);
-      std::memcpy(correction + pr * 4, &c, 4);
-    } else {
-      const auto c = static_cast<float>(zsum);
-      std::memcpy(correction + pr * 4, &c, 4);
-    }
-    if (g.has_bias) {
-      const float b = load_float(job.bias->data, job.bias->dtype, e * job.in.rows + src_row);
-      std::memcpy(bias + pr * 4, &b, 4);
-    }
-  }
 }
 
 PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale,
@@ -199,6 +196,9 @@ PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale
   h.flags = job.g.has_bias ? kFlagBias : 0u;
   h.expert_bytes = job.g.expert_bytes;
   h.total_bytes = job.g.total_bytes;
+  h.weight_format = static_cast<uint32_t>(WeightFormat::int4_symmetric);
+  h.block_rows = static_cast<uint32_t>(job.g.block_rows);
+  h.panel_bytes = job.g.panel_bytes;
   h.checksum = header_checksum(h);
   std::memcpy(out.data(), &h, sizeof h);
 

@@ -77,18 +77,20 @@ Geometry make_geometry(LayoutId layout, WeightRole role, int64_t experts, int64_
   g.has_bias = has_bias;
   g.row_weight_bytes = g.cols_padded / 2;
 
-  const size_t n = static_cast<size_t>(g.rows_padded);
-  size_t off = 0;
-  g.weights_offset = off;
-  off = align_up(checked_add(off, checked_mul(n, static_cast<size_t>(g.row_weight_bytes))));
-  g.scales_offset = off;
-  off = align_up(checked_add(
-      off, checked_mul(checked_mul(n, static_cast<size_t>(g.groups)), dtype_bytes(scale_dtype))));
-  g.correction_offset = off;
-  off = align_up(checked_add(off, checked_mul(n, size_t{4})));
-  g.bias_offset = off;
-  if (has_bias) off = align_up(checked_add(off, checked_mul(n, size_t{4})));
-  g.expert_bytes = off;
+  g.block_rows = kBlockRows;
+  g.panels = g.rows_padded / g.panel;
+  // A panel record: sections 16-byte aligned, the record 64-byte aligned.
+  const size_t P = static_cast<size_t>(g.panel);
+  auto align16 = [](size_t v) { return checked_add(v, size_t{15}) / 16 * 16; };
+  g.panel_weight_bytes = checked_mul(P, static_cast<size_t>(g.row_weight_bytes));
+  g.panel_scales_offset = align16(g.panel_weight_bytes);
+  g.panel_correction_offset = align16(checked_add(
+      g.panel_scales_offset,
+      checked_mul(checked_mul(P, static_cast<size_t>(g.groups)), dtype_bytes(scale_dtype))));
+  g.panel_bias_offset = align16(checked_add(g.panel_correction_offset, P * 4));
+  g.panel_bytes =
+      align_up(has_bias ? checked_add(g.panel_bias_offset, P * 4) : g.panel_bias_offset);
+  g.expert_bytes = checked_mul(static_cast<size_t>(g.panels), g.panel_bytes);
   g.total_bytes =
       checked_add(kHeaderBytes, checked_mul(static_cast<size_t>(experts), g.expert_bytes));
   return g;
@@ -125,10 +127,17 @@ Geometry read_geometry(std::span<const uint8_t> packed, std::string_view argumen
   if (h.scale_dtype > static_cast<uint32_t>(DType::f16))
     throw Error(cat(argument, ": invalid scale dtype code ", h.scale_dtype, " in header"));
   if ((h.flags & ~kFlagBias) != 0) throw Error(cat(argument, ": unknown header flags ", h.flags));
+  if (h.weight_format != static_cast<uint32_t>(WeightFormat::int4_symmetric))
+    throw Error(cat(argument, ": expected weight format 0 (int4 symmetric), got ", h.weight_format,
+                    " in header"));
+  if (h.block_rows != kBlockRows)
+    throw Error(cat(argument, ": expected blocks of ", kBlockRows, " rows, got ", h.block_rows,
+                    " in header"));
   Geometry g = make_geometry(
       static_cast<LayoutId>(h.layout), static_cast<WeightRole>(h.role), h.experts, h.rows, h.cols,
       h.group_size, static_cast<DType>(h.scale_dtype), (h.flags & kFlagBias) != 0, argument);
-  if (g.expert_bytes != h.expert_bytes || g.total_bytes != h.total_bytes)
+  if (g.expert_bytes != h.expert_bytes || g.total_bytes != h.total_bytes ||
+      g.panel_bytes != h.panel_bytes)
     throw Error(cat(argument, ": the header's sizes do not match its dimensions"));
   if (packed.size() != g.total_bytes)
     throw Error(cat(argument, ": expected ", g.total_bytes, " bytes for ", g.experts,

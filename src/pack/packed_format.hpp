@@ -1,19 +1,24 @@
 // The packed-weights buffer: a 128-byte header, then one 64-byte aligned block per expert.
 //
-//   expert block = [weights][scales][correction][bias]  (each section 64-byte aligned)
+//   expert block = [panel record 0][panel record 1]...      (each record 64-byte aligned)
+//   panel record = [weights][scales][correction][bias]      (each section 16-byte aligned)
+//
+// A panel is P stored rows (the layout's panel height). Its record holds everything a kernel
+// reads for those rows, so a run of consecutive panels is one contiguous run of memory.
 //
 // Rows are stored in "parts" (w13: gate then up; w2: one part), each padded with zero rows to a
-// multiple of the layout's panel height P, so that every part starts on a panel boundary.
-// Padded row index of logical row n (halves order): (n / part_rows) * part_rows_padded +
-// n % part_rows.
+// multiple of P. w13's parts alternate in blocks of kBlockRows rows: [gate rows 0..63][up rows
+// 0..63][gate rows 64..127][up rows 64..127]..., the last block of each part as long as what is
+// left of it (a multiple of P). A phase-1 task of the forward pass (gate and up rows of one
+// block) thus reads one run. Stored row of row j of part p: Geometry::stored_row(p, j).
 //
-// weights:    layout-specific (LayoutId below)
-// scales:     for panel q = n / P, group b, lane r = n % P: element (q * groups + b) * P + r, in
-//             the stored scale dtype (f32, bf16 or f16); P = 1 is plain [rows, groups]
-// correction: one 4-byte value per row for the zero-point term:
+// weights:    P rows in the layout's order (LayoutId below)
+// scales:     for group b and lane r: element b * P + r, in the stored scale dtype (f32, bf16
+//             or f16)
+// correction: one 4-byte value per lane for the zero-point term:
 //               channelwise: int32  SUM_k w[n,k]
 //               groupwise:   f32    SUM_b s[n,b] * SUM_{k in b} w[n,k]   (summed in double)
-// bias:       f32 per row, present when the header's bias flag is set
+// bias:       f32 per lane, present when the header's bias flag is set
 //
 // Geometry is computed by make_geometry() from the header fields alone; the reader recomputes it
 // and compares, so a header can never point outside its buffer.
@@ -36,6 +41,14 @@ inline constexpr int64_t kBlock = kGroupBlock;  // K granularity of every layout
 // Largest input dimension: keeps every int32 sum exact in all kernels (|(w + 8) * q| <= 1920
 // per element, and 2^16 * 1920 < 2^31).
 inline constexpr int64_t kMaxCols = int64_t{1} << 16;
+// Rows of each w13 part per block of the stored order (a multiple of every panel height).
+inline constexpr int64_t kBlockRows = 64;
+
+// How the 4-bit weight values are to be read. Only int4_symmetric is defined so far; the field
+// exists so that other formats change no other byte of the header.
+enum class WeightFormat : uint32_t {
+  int4_symmetric = 0,  // w in [-8, 7], value w * s
+};
 
 enum class LayoutId : uint32_t {
   // Row-major rows of 32-element blocks; block byte i holds element i (low nibble) and element
@@ -77,7 +90,10 @@ struct PackedHeader {
   uint32_t flags;        // kFlagBias
   uint64_t expert_bytes;
   uint64_t total_bytes;
-  uint8_t reserved[kHeaderBytes - 64 - 8];
+  uint32_t weight_format;  // WeightFormat
+  uint32_t block_rows;     // kBlockRows: w13's parts alternate in blocks of this many rows
+  uint64_t panel_bytes;    // bytes per panel record
+  uint8_t reserved[kHeaderBytes - 80 - 8];
   uint64_t checksum;  // FNV-1a 64 of the bytes before it
 };
 static_assert(sizeof(PackedHeader) == kHeaderBytes);
@@ -103,13 +119,45 @@ struct Geometry {
   DType scale_dtype = DType::f32;
   bool has_bias = false;
   int64_t row_weight_bytes = 0;
-  size_t weights_offset = 0, scales_offset = 0, correction_offset = 0, bias_offset = 0;
+  int64_t block_rows = kBlockRows;  // rows of each part per block of the stored order
+  int64_t panels = 0;               // rows_padded / P: records per expert
+  // A panel record: weights at 0 (panel_weight_bytes), then scales, correction and bias.
+  size_t panel_weight_bytes = 0, panel_scales_offset = 0, panel_correction_offset = 0,
+         panel_bias_offset = 0;
+  size_t panel_bytes = 0;  // the record's size, a multiple of 64
   size_t expert_bytes = 0;
   size_t total_bytes = 0;
 
   bool channelwise() const noexcept { return group_size < 0; }
-  int64_t padded_row(int64_t n) const noexcept {
-    return (n / part_rows) * part_rows_padded + n % part_rows;
+  // Rows of part `part` in the block that starts at part row b0 (a multiple of block_rows).
+  int64_t block_len(int64_t b0) const noexcept {
+    return b0 + block_rows <= part_rows_padded ? block_rows : part_rows_padded - b0;
+  }
+  // Stored row of row j of part `part` (j < part_rows_padded).
+  int64_t stored_row(int64_t part, int64_t j) const noexcept {
+    const int64_t b0 = j / block_rows * block_rows;
+    return b0 * parts + part * block_len(b0) + (j - b0);
+  }
+  // Stored row of logical row n (halves order: gate rows, then up rows).
+  int64_t padded_row(int64_t n) const noexcept { return stored_row(n / part_rows, n % part_rows); }
+  // Panel q's record in an expert block, and its sections (Byte: uint8_t or const uint8_t).
+  template <class Byte>
+  Byte* panel_at(Byte* expert, int64_t q) const noexcept {
+    return expert + static_cast<size_t>(q) * panel_bytes;
+  }
+  template <class Byte>
+  Byte* panel_scales(Byte* expert, int64_t q) const noexcept {
+    return panel_at(expert, q) + panel_scales_offset;
+  }
+  // The correction (bias) of stored row n; the rest of its panel's lanes follow it.
+  template <class Byte>
+  Byte* row_correction(Byte* expert, int64_t n) const noexcept {
+    return panel_at(expert, n / panel) + panel_correction_offset +
+           static_cast<size_t>(n % panel) * 4;
+  }
+  template <class Byte>
+  Byte* row_bias(Byte* expert, int64_t n) const noexcept {
+    return panel_at(expert, n / panel) + panel_bias_offset + static_cast<size_t>(n % panel) * 4;
   }
 };
 

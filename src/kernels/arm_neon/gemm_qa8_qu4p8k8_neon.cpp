@@ -34,10 +34,9 @@ inline int32x4_t row_sums(int16x8_t rows01, int16x8_t rows23) {
 template <int M, int NP>
 void tile(const GemmArgs& args, int64_t n0) {
   const Geometry& g = *args.geometry;
-  const int64_t panel_bytes = kPanel * g.row_weight_bytes;
+  const auto panel_bytes = static_cast<int64_t>(g.panel_bytes);  // panel p's record at w + p * it
   const int64_t first_panel = n0 / kPanel;
-  const uint8_t* w = args.expert + g.weights_offset + first_panel * panel_bytes;
-  const uint8_t* scales = args.expert + g.scales_offset;
+  const uint8_t* w = g.panel_at(args.expert, first_panel);
   const uint8x16_t low4 = vdupq_n_u8(0x0f);
 
   const int8_t* q[M];
@@ -82,7 +81,7 @@ void tile(const GemmArgs& args, int64_t n0) {
           sum[m][p][1] = vaddq_s32(sum[m][p][1], row_sums(acc[m][p][2], acc[m][p][3]));
         }
     }
-    scale_group<M, NP>(g, scales, first_panel, b, sum, facc);
+    scale_group<M, NP>(g, args.expert, first_panel, b, sum, facc);
   }
 
   store_tile<M, NP>(args, n0, sum, facc);

@@ -56,7 +56,7 @@ inline float32x4_t finish_channelwise(int32x4_t sum, int32x4_t zp, float32x4_t r
 }
 
 inline float32x4_t load_bias4(const Geometry& g, const uint8_t* expert, int64_t n) {
-  return g.has_bias ? vld1q_f32(reinterpret_cast<const float*>(expert + g.bias_offset) + n)
+  return g.has_bias ? vld1q_f32(reinterpret_cast<const float*>(g.row_bias(expert, n)))
                     : vdupq_n_f32(0.0f);
 }
 
@@ -82,16 +82,16 @@ inline void start_group(const GemmArgs& args, int64_t b, int32x4_t (&sum)[M][NP]
 }
 
 // Groupwise: after scale group b, facc += float(sum) * s for every row of a tile of M rows x NP
-// panels of 8 output rows (two int32x4 halves each), panels from first_panel. Channelwise: no-op
-// (the sums run on to the epilogue).
+// panels of 8 output rows (two int32x4 halves each), panels from first_panel of the expert block
+// at `expert`. Channelwise: no-op (the sums run on to the epilogue).
 template <int M, int NP>
-inline void scale_group(const Geometry& g, const uint8_t* scales, int64_t first_panel, int64_t b,
+inline void scale_group(const Geometry& g, const uint8_t* expert, int64_t first_panel, int64_t b,
                         const int32x4_t (&sum)[M][NP][2], float32x4_t (&facc)[M][NP][2]) {
   if (g.group_size < 0) return;
   for (int p = 0; p < NP; ++p)
     for (int h = 0; h < 2; ++h) {
       const float32x4_t s =
-          load_scales4(scales, g.scale_dtype, ((first_panel + p) * g.groups + b) * kPanel + 4 * h);
+          load_scales4(g.panel_scales(expert, first_panel + p), g.scale_dtype, b * kPanel + 4 * h);
       for (int m = 0; m < M; ++m)
         facc[m][p][h] = vfmaq_f32(facc[m][p][h], vcvtq_f32_s32(sum[m][p][h]), s);
     }
@@ -102,18 +102,17 @@ template <int M, int NP>
 inline void store_tile(const GemmArgs& args, int64_t n0, const int32x4_t (&sum)[M][NP][2],
                        const float32x4_t (&facc)[M][NP][2]) {
   const Geometry& g = *args.geometry;
-  const uint8_t* scales = args.expert + g.scales_offset;
   const int64_t first_panel = n0 / kPanel;
   for (int p = 0; p < NP; ++p)
     for (int h = 0; h < 2; ++h) {
       const int64_t n = n0 + p * kPanel + 4 * h;
-      const uint8_t* corr = args.expert + g.correction_offset + n * 4;
+      const uint8_t* corr = g.row_correction(args.expert, n);
       const float32x4_t bias = load_bias4(g, args.expert, n);
       float* out = args.c + (n - args.n_begin);
       if (g.group_size < 0) {
         const int32x4_t wsum = vld1q_s32(reinterpret_cast<const int32_t*>(corr));
         const float32x4_t s =
-            load_scales4(scales, g.scale_dtype, (first_panel + p) * kPanel + 4 * h);
+            load_scales4(g.panel_scales(args.expert, first_panel + p), g.scale_dtype, 4 * h);
         for (int m = 0; m < M; ++m)
           vst1q_f32(out + m * args.c_stride,
                     finish_channelwise(sum[m][p][h], vdupq_n_s32(args.a[m].zp),

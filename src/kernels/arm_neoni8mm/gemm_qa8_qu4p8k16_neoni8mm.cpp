@@ -44,10 +44,10 @@ inline int32x4_t cols23(int32x4_t v) { return vcombine_s32(vget_high_s32(v), vge
 template <int NP>
 void tile_row(const GemmArgs& args, int64_t n0) {
   const Geometry& g = *args.geometry;
-  const int64_t panel_bytes = kPanel * g.row_weight_bytes;
+  const auto panel_bytes = static_cast<int64_t>(g.panel_bytes);  // panel p's record at w + p * it
   const int64_t first_panel = n0 / kPanel;
-  const uint8_t* w = args.expert + g.weights_offset + first_panel * panel_bytes;
-  const uint8_t* scales = args.expert + g.scales_offset;
+  const uint8_t* w = g.panel_at(args.expert, first_panel);
+  const auto scales = static_cast<int64_t>(g.panel_scales_offset);  // from a record
   const bool channelwise = g.group_size < 0;
   const uint8x16_t low4 = vdupq_n_u8(0x0f);
   const QuantRow& a = args.a[0];
@@ -80,22 +80,21 @@ void tile_row(const GemmArgs& args, int64_t n0) {
       sum[p][1] = vaddq_s32(vpaddq_s32(acc[p][2], acc[p][3]), term);
       if (!channelwise)
         for (int h = 0; h < 2; ++h)
-          facc[p][h] = vfmaq_f32(facc[p][h], vcvtq_f32_s32(sum[p][h]),
-                                 load_scales4(scales, g.scale_dtype,
-                                              ((first_panel + p) * g.groups + b) * kPanel + 4 * h));
+          facc[p][h] = vfmaq_f32(
+              facc[p][h], vcvtq_f32_s32(sum[p][h]),
+              load_scales4(w + p * panel_bytes + scales, g.scale_dtype, b * kPanel + 4 * h));
     }
   }
 
   for (int p = 0; p < NP; ++p)
     for (int h = 0; h < 2; ++h) {
       const int64_t n = n0 + p * kPanel + 4 * h;
-      const uint8_t* corr = args.expert + g.correction_offset + n * 4;
+      const uint8_t* corr = g.row_correction(args.expert, n);
       const float32x4_t bias = load_bias4(g, args.expert, n);
       float* out = args.c + (n - args.n_begin);
       if (channelwise) {
         const int32x4_t wsum = vld1q_s32(reinterpret_cast<const int32_t*>(corr));
-        const float32x4_t s =
-            load_scales4(scales, g.scale_dtype, (first_panel + p) * kPanel + 4 * h);
+        const float32x4_t s = load_scales4(w + p * panel_bytes + scales, g.scale_dtype, 4 * h);
         vst1q_f32(out, finish_channelwise(sum[p][h], vdupq_n_s32(a.zp), vdupq_n_f32(a.recip), wsum,
                                           s, bias));
       } else {
@@ -112,8 +111,8 @@ template <int MP>
 void tile_pairs(const GemmArgs& args, int64_t n0) {
   const Geometry& g = *args.geometry;
   const int64_t panel = n0 / kPanel;
-  const uint8_t* w = args.expert + g.weights_offset + panel * kPanel * g.row_weight_bytes;
-  const uint8_t* scales = args.expert + g.scales_offset;
+  const uint8_t* w = g.panel_at(args.expert, panel);
+  const uint8_t* scales = g.panel_scales(args.expert, panel);
   const bool channelwise = g.group_size < 0;
   const uint8x16_t low4 = vdupq_n_u8(0x0f);
   const int64_t m = args.m;
@@ -154,7 +153,7 @@ void tile_pairs(const GemmArgs& args, int64_t n0) {
       }
     }
     if (!channelwise) {
-      const int64_t at = (panel * g.groups + b) * kPanel;
+      const int64_t at = b * kPanel;
       const float32x4_t s0 = load_scales4(scales, g.scale_dtype, at);
       const float32x4_t s1 = load_scales4(scales, g.scale_dtype, at + 4);
       const float32x4_t s[4] = {cols01(s0), cols23(s0), cols01(s1), cols23(s1)};
@@ -164,15 +163,15 @@ void tile_pairs(const GemmArgs& args, int64_t n0) {
     }
   }
 
-  const uint8_t* corr = args.expert + g.correction_offset + n0 * 4;
+  const uint8_t* corr = g.row_correction(args.expert, n0);
   const float32x4_t b0 = load_bias4(g, args.expert, n0), b1 = load_bias4(g, args.expert, n0 + 4);
   const float32x4_t bias[4] = {cols01(b0), cols23(b0), cols01(b1), cols23(b1)};
   float32x4_t s[4];
   int32x4_t wsum[4];
   float32x4_t zsum[4];
   if (channelwise) {
-    const float32x4_t s0 = load_scales4(scales, g.scale_dtype, panel * kPanel);
-    const float32x4_t s1 = load_scales4(scales, g.scale_dtype, panel * kPanel + 4);
+    const float32x4_t s0 = load_scales4(scales, g.scale_dtype, 0);
+    const float32x4_t s1 = load_scales4(scales, g.scale_dtype, 4);
     const int32x4_t w0 = vld1q_s32(reinterpret_cast<const int32_t*>(corr));
     const int32x4_t w1 = vld1q_s32(reinterpret_cast<const int32_t*>(corr) + 4);
     s[0] = cols01(s0), s[1] = cols23(s0), s[2] = cols01(s1), s[3] = cols23(s1);

@@ -29,16 +29,14 @@ void gemm_qa8_qs4b32rowmajor(const GemmArgs& args) {
   const Geometry& g = *args.geometry;
   const int64_t m = args.m;
   const int64_t blocks_per_group = g.group_len / kBlock;
-  const uint8_t* weights = args.expert + g.weights_offset;
-  const uint8_t* scales = args.expert + g.scales_offset;
-  const uint8_t* correction = args.expert + g.correction_offset;
-  const uint8_t* bias = g.has_bias ? args.expert + g.bias_offset : nullptr;
   const int8_t* q[kTileM] = {};
   for (int64_t r = 0; r < m; ++r) q[r] = static_cast<const int8_t*>(args.a[r].data);
 
   alignas(64) int8_t w[kBlock];
   for (int64_t n = args.n_begin; n < args.n_end; ++n) {
-    const uint8_t* wrow = weights + n * g.row_weight_bytes;
+    // one row per panel record (P = 1)
+    const uint8_t* wrow = g.panel_at(args.expert, n);
+    const uint8_t* scales = g.panel_scales(args.expert, n);
     float acc[kTileM] = {};
     int32_t dot[kTileM] = {};
     for (int64_t b = 0; b < g.groups; ++b) {
@@ -51,24 +49,24 @@ void gemm_qa8_qs4b32rowmajor(const GemmArgs& args) {
       if (g.channelwise()) {
         for (int64_t r = 0; r < m; ++r) dot[r] = gdot[r];
       } else {
-        const float s = load_float(scales, g.scale_dtype, n * g.groups + b);
+        const float s = load_float(scales, g.scale_dtype, b);
         for (int64_t r = 0; r < m; ++r) acc[r] += s * static_cast<float>(gdot[r]);
       }
     }
     float b_n = 0.0f;
-    if (bias != nullptr) std::memcpy(&b_n, bias + n * 4, 4);
+    if (g.has_bias) std::memcpy(&b_n, g.row_bias(args.expert, n), 4);
     float* c = args.c + (n - args.n_begin);
     if (g.channelwise()) {
       int32_t wsum;
-      std::memcpy(&wsum, correction + n * 4, 4);
-      const float s = load_float(scales, g.scale_dtype, n);
+      std::memcpy(&wsum, g.row_correction(args.expert, n), 4);
+      const float s = load_float(scales, g.scale_dtype, 0);
       for (int64_t r = 0; r < m; ++r) {
         const int64_t exact = int64_t{dot[r]} - int64_t{args.a[r].zp} * wsum;
         c[r * args.c_stride] = args.a[r].recip * s * static_cast<float>(exact) + b_n;
       }
     } else {
       float zsum;
-      std::memcpy(&zsum, correction + n * 4, 4);
+      std::memcpy(&zsum, g.row_correction(args.expert, n), 4);
       for (int64_t r = 0; r < m; ++r) {
         const float zterm = static_cast<float>(args.a[r].zp) * zsum;
         c[r * args.c_stride] = args.a[r].recip * (acc[r] - zterm) + b_n;

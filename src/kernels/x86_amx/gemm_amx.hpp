@@ -178,14 +178,13 @@ __attribute__((always_inline)) inline void amx_step(const uint8_t* a, int64_t a_
 // scales).
 class AmxUnpacker {
  public:
-  AmxUnpacker(const Geometry& g, const uint8_t* weights, const uint8_t* scales, int64_t first_panel,
-              Prefetcher& pf)
-      : g_(g), weights_(weights), scales_(scales), first_panel_(first_panel), pf_(pf) {}
+  AmxUnpacker(const Geometry& g, const uint8_t* expert, int64_t first_panel, Prefetcher& pf)
+      : g_(g), expert_(expert), first_panel_(first_panel), pf_(pf) {}
 
   // Starts panel p (of the call) of the block [k0, k0 + len) into w and scale; its scales now.
   void begin(int64_t p, int64_t k0, int64_t len, uint8_t* w, float* scale) {
     const int64_t panel = first_panel_ + p;
-    src_ = weights_ + panel * kAmxPanel * g_.row_weight_bytes + k0 / 8 * 64;
+    src_ = g_.panel_at(expert_, panel) + k0 / 8 * 64;
     dst_ = w;
     left_ = len / 8;
     pf_.step(left_);  // the next task's lines, as many as this panel block reads
@@ -193,7 +192,7 @@ class AmxUnpacker {
     for (int64_t b = k0 / g_.group_len; b < (k0 + len) / g_.group_len; ++b)
       _mm512_store_ps(
           scale + (b - k0 / g_.group_len) * 16,
-          load_scales_zmm(scales_, g_.scale_dtype, (panel * g_.groups + b) * kAmxPanel));
+          load_scales_zmm(g_.panel_scales(expert_, panel), g_.scale_dtype, b * kAmxPanel));
   }
   // The next n chunks (16 outputs x 8 columns each), or what is left of them.
   __attribute__((always_inline)) void step(int64_t n) {
@@ -224,8 +223,7 @@ class AmxUnpacker {
 
  private:
   const Geometry& g_;
-  const uint8_t* weights_;
-  const uint8_t* scales_;
+  const uint8_t* expert_;
   int64_t first_panel_;
   Prefetcher& pf_;
   const uint8_t* src_ = nullptr;
@@ -374,9 +372,9 @@ template <bool kChannelwise>
 void amx_epilogue(const GemmArgs& args, int64_t n0, int64_t r0, int64_t rows,
                   const int32_t (&acc)[256], const float* channel_scale) {
   const Geometry& g = *args.geometry;
-  const uint8_t* corr = args.expert + g.correction_offset + n0 * 4;
+  const uint8_t* corr = g.row_correction(args.expert, n0);
   const __m512 bias =
-      g.has_bias ? _mm512_loadu_ps(reinterpret_cast<const float*>(args.expert + g.bias_offset) + n0)
+      g.has_bias ? _mm512_loadu_ps(reinterpret_cast<const float*>(g.row_bias(args.expert, n0)))
                  : _mm512_setzero_ps();
   float* out = args.c + r0 * args.c_stride + (n0 - args.n_begin);
   if constexpr (kChannelwise) {
@@ -445,9 +443,8 @@ bool amx_gemm_shaped(const GemmArgs& args) {
   amx_zero_pad_rows(args, block, a_stride, a);
 
   Prefetcher pf(args);
-  const uint8_t* scales = args.expert + g.scales_offset;
   const int64_t first_panel = args.n_begin / kAmxPanel;
-  AmxUnpacker unpacker(g, args.expert + g.weights_offset, scales, first_panel, pf);
+  AmxUnpacker unpacker(g, args.expert, first_panel, pf);
   auto half = [&](int64_t p) { return static_cast<size_t>(p & 1); };
   auto scale_slot = [&](int64_t p) { return static_cast<size_t>(p % kAmxScaleBuffers); };
   auto scale_of = [&](int64_t p) {
@@ -485,8 +482,8 @@ bool amx_gemm_shaped(const GemmArgs& args) {
   alignas(64) float channel_scale[16];
   for (int64_t p = 0; p < panels; ++p) {
     if constexpr (kChannelwise)
-      _mm512_store_ps(channel_scale,
-                      load_scales_zmm(scales, g.scale_dtype, (first_panel + p) * kAmxPanel));
+      _mm512_store_ps(channel_scale, load_scales_zmm(g.panel_scales(args.expert, first_panel + p),
+                                                     g.scale_dtype, 0));
     for (int64_t t = 0; t < tiles; ++t)
       amx_epilogue<kChannelwise>(args, args.n_begin + p * kAmxPanel, t * 16,
                                  std::min<int64_t>(16, args.m - t * 16), acc[t * panels + p],

@@ -42,10 +42,10 @@ inline __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t* p) {
 template <int M, int NP, int kChunks>
 void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
   const Geometry& g = *args.geometry;
-  const int64_t panel_bytes = kPanel * g.row_weight_bytes;
+  const auto panel_bytes = static_cast<int64_t>(g.panel_bytes);  // panel p's record at w + p * it
   const int64_t first_panel = n0 / kPanel;
-  const uint8_t* w = args.expert + g.weights_offset + first_panel * panel_bytes;
-  const uint8_t* scales = args.expert + g.scales_offset;
+  const uint8_t* w = g.panel_at(args.expert, first_panel);
+  const auto scales = static_cast<int64_t>(g.panel_scales_offset);  // from a record
   const int64_t chunks_per_group = kChunks > 0 ? kChunks : g.group_len / 8;
   const bool channelwise = g.group_size < 0;
   const __m512i low4 = _mm512_set1_epi8(0x0f);
@@ -117,8 +117,7 @@ void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
         iacc[m][p] = kSplit ? _mm512_add_epi32(lo_acc[m][p], hi_acc[m][p]) : lo_acc[m][p];
     if (!channelwise) {
       for (int p = 0; p < NP; ++p) {
-        const __m512 s =
-            load_scales_zmm(scales, g.scale_dtype, ((first_panel + p) * g.groups + b) * kPanel);
+        const __m512 s = load_scales_zmm(w + p * panel_bytes + scales, g.scale_dtype, b * kPanel);
         for (int m = 0; m < M; ++m) {
           if constexpr (kSumsInMemory)
             _mm512_store_ps(fmem[m][p], _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[m][p]), s,
@@ -131,16 +130,15 @@ void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
   }
 
   // Epilogue: c = recip * (acc - zp * correction) + bias
-  const uint8_t* corr = args.expert + g.correction_offset + n0 * 4;
   const bool has_bias = g.has_bias;
   for (int p = 0; p < NP; ++p) {
-    const __m512 bias =
-        has_bias ? _mm512_loadu_ps(reinterpret_cast<const float*>(args.expert + g.bias_offset) +
-                                   n0 + p * kPanel)
-                 : _mm512_setzero_ps();
+    const uint8_t* corr = g.row_correction(args.expert, n0 + p * kPanel);
+    const __m512 bias = has_bias ? _mm512_loadu_ps(reinterpret_cast<const float*>(
+                                       g.row_bias(args.expert, n0 + p * kPanel)))
+                                 : _mm512_setzero_ps();
     if (channelwise) {
-      const __m512i wsum = _mm512_loadu_si512(corr + p * kPanel * 4);
-      const __m512 s = load_scales_zmm(scales, g.scale_dtype, (first_panel + p) * kPanel);
+      const __m512i wsum = _mm512_loadu_si512(corr);
+      const __m512 s = load_scales_zmm(w + p * panel_bytes + scales, g.scale_dtype, 0);
       for (int m = 0; m < M; ++m) {
         const __m512i exact =
             _mm512_sub_epi32(iacc[m][p], _mm512_mullo_epi32(wsum, _mm512_set1_epi32(args.a[m].zp)));
@@ -149,7 +147,7 @@ void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
                          _mm512_fmadd_ps(rs, _mm512_cvtepi32_ps(exact), bias));
       }
     } else {
-      const __m512 zsum = _mm512_loadu_ps(reinterpret_cast<const float*>(corr) + p * kPanel);
+      const __m512 zsum = _mm512_loadu_ps(reinterpret_cast<const float*>(corr));
       for (int m = 0; m < M; ++m) {
         __m512 sum;
         if constexpr (kSumsInMemory)

@@ -58,10 +58,10 @@ inline __m256 load_scales_ymm(const uint8_t* base, DType dtype, int64_t index) {
 template <bool kVnni, int M, int NP, int kChunks>
 void ymm_tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
   const Geometry& g = *args.geometry;
-  const int64_t panel_bytes = kYmmPanel * g.row_weight_bytes;
+  const auto panel_bytes = static_cast<int64_t>(g.panel_bytes);  // panel p's record at w + p * it
   const int64_t first_panel = n0 / kYmmPanel;
-  const uint8_t* w = args.expert + g.weights_offset + first_panel * panel_bytes;
-  const uint8_t* scales = args.expert + g.scales_offset;
+  const uint8_t* w = g.panel_at(args.expert, first_panel);
+  const auto scales = static_cast<int64_t>(g.panel_scales_offset);  // from a record
   const int64_t chunks_per_group = kChunks > 0 ? kChunks : g.group_len / 8;
   const bool channelwise = g.group_size < 0;
   const __m256i low4 = _mm256_set1_epi8(0x0f);
@@ -133,7 +133,7 @@ void ymm_tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
     if (!channelwise) {
       for (int p = 0; p < NP; ++p) {
         const __m256 s =
-            load_scales_ymm(scales, g.scale_dtype, ((first_panel + p) * g.groups + b) * kYmmPanel);
+            load_scales_ymm(w + p * panel_bytes + scales, g.scale_dtype, b * kYmmPanel);
         for (int m = 0; m < M; ++m) {
           if constexpr (kSumsInMemory)
             _mm256_store_ps(fmem[m][p], _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[m][p]), s,
@@ -145,17 +145,15 @@ void ymm_tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
     }
   }
 
-  const uint8_t* corr = args.expert + g.correction_offset + n0 * 4;
   for (int p = 0; p < NP; ++p) {
-    const __m256 bias =
-        g.has_bias ? _mm256_loadu_ps(reinterpret_cast<const float*>(args.expert + g.bias_offset) +
-                                     n0 + p * kYmmPanel)
-                   : _mm256_setzero_ps();
+    const uint8_t* corr = g.row_correction(args.expert, n0 + p * kYmmPanel);
+    const __m256 bias = g.has_bias ? _mm256_loadu_ps(reinterpret_cast<const float*>(
+                                         g.row_bias(args.expert, n0 + p * kYmmPanel)))
+                                   : _mm256_setzero_ps();
     float* out = args.c + (n0 - args.n_begin) + p * kYmmPanel;
     if (channelwise) {
-      const __m256i wsum =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + p * kYmmPanel * 4));
-      const __m256 s = load_scales_ymm(scales, g.scale_dtype, (first_panel + p) * kYmmPanel);
+      const __m256i wsum = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr));
+      const __m256 s = load_scales_ymm(w + p * panel_bytes + scales, g.scale_dtype, 0);
       for (int m = 0; m < M; ++m) {
         const __m256i exact =
             _mm256_sub_epi32(iacc[m][p], _mm256_mullo_epi32(wsum, _mm256_set1_epi32(args.a[m].zp)));
@@ -164,7 +162,7 @@ void ymm_tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
                          _mm256_fmadd_ps(rs, _mm256_cvtepi32_ps(exact), bias));
       }
     } else {
-      const __m256 zsum = _mm256_loadu_ps(reinterpret_cast<const float*>(corr) + p * kYmmPanel);
+      const __m256 zsum = _mm256_loadu_ps(reinterpret_cast<const float*>(corr));
       for (int m = 0; m < M; ++m) {
         __m256 sum;
         if constexpr (kSumsInMemory)
