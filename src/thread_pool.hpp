@@ -1,24 +1,35 @@
 // A small pool of persistent worker threads for the forward pass. run() executes a body on every
 // thread (the caller is thread 0); inside the body, barrier() separates phases. parallel_for()
-// is the one-shot fan-out of the other components.
+// is the one-shot fan-out of the other components. A pool may instead run its bodies on a
+// caller's executor (w4a8moe::Executor): then it owns no threads and has no barrier().
 //
-// Waiting spins for a short while (a decode step is a fraction of a millisecond, and a futex
-// wake-up costs tens of microseconds), then sleeps on a futex-backed atomic wait, so idle pools
-// and oversubscribed machines do not burn CPU.
+// Idle workers poll for the next run for a bounded time (spin_ns(), like OpenMP's
+// OMP_WAIT_POLICY / GOMP_SPINCOUNT), then sleep on a futex-backed atomic wait, so idle pools and
+// oversubscribed machines do not burn CPU. A run finds polling workers without a system call;
+// prewake() starts sleeping ones polling ahead of a run, so that their wake-up overlaps the
+// caller's own work.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <exception>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
 
+#include "w4a8moe/w4a8moe.hpp"
+
 namespace w4a8moe::detail {
 
-// About 20-50 microseconds of polling before sleeping (or yielding).
+// Polls of wait_until() before it yields.
 inline constexpr int kSpins = 4000;
+// Default and largest time idle workers poll for the next run before sleeping.
+inline constexpr int64_t kDefaultSpinNs =
+    std::chrono::nanoseconds(Context::kDefaultSpinWait).count();
+inline constexpr int64_t kMaxSpinNs = std::chrono::nanoseconds(Context::kMaxSpinWait).count();
 
 inline void cpu_relax() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
@@ -52,40 +63,63 @@ class SpinBarrier {
   std::atomic<uint32_t> phase_{0};
 };
 
+// A caller's executor as the pool sees it: run(n, task) calls task(i) once for each i in
+// [0, n) and returns when every call has returned.
+using ExecutorFn = std::function<void(int, const std::function<void(int)>&)>;
+
 class ThreadPool {
  public:
   explicit ThreadPool(int threads);
+  // No threads of its own: run() hands its bodies to `executor`, `threads` of them.
+  ThreadPool(int threads, ExecutorFn executor);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const noexcept { return size_; }
+  bool on_executor() const noexcept { return static_cast<bool>(executor_); }
 
   // Runs body(thread_index) on all threads and returns when all are done. The first exception
-  // thrown by any thread is rethrown here (bodies must still reach every barrier()).
+  // thrown by any thread is rethrown here (bodies must still reach every barrier()). On an
+  // executor, an exception of the executor's, or tasks it ran twice or not at all, throw Error.
   template <class Body>
   void run(Body& body) {
     run_impl(&body, [](void* b, int t) { (*static_cast<Body*>(b))(t); });
   }
 
-  // All threads of the current run() wait here for each other.
+  // All threads of the current run() wait here for each other. Not on an executor.
   void barrier() noexcept { sync_.arrive_and_wait(); }
+
+  // Sleeping workers start polling for the next run (a no-op when none sleeps).
+  void prewake() noexcept;
+
+  // How long idle workers poll before they sleep, in nanoseconds, [0, kMaxSpinNs].
+  void set_spin_ns(int64_t ns) noexcept {
+    spin_ns_.store(std::clamp<int64_t>(ns, 0, kMaxSpinNs), std::memory_order_relaxed);
+  }
+  int64_t spin_ns() const noexcept { return spin_ns_.load(std::memory_order_relaxed); }
 
  private:
   using Trampoline = void (*)(void*, int);
   void run_impl(void* body, Trampoline trampoline);
+  void run_on_executor();
   void worker(int index);
   void call(int index) noexcept;
 
   int size_;
   SpinBarrier sync_;
-  std::atomic<uint32_t> generation_{0};
+  std::atomic<uint32_t> generation_{0};  // one more per run
+  std::atomic<uint32_t> signal_{0};      // what sleeping workers wait on: runs and prewakes
+  std::atomic<int> sleepers_{0};
+  std::atomic<int64_t> spin_ns_{kDefaultSpinNs};
   std::atomic<bool> stop_{false};
   void* body_ = nullptr;
   Trampoline trampoline_ = nullptr;
   std::mutex error_mutex_;
   std::exception_ptr error_;
   std::vector<std::thread> threads_;
+  ExecutorFn executor_;
+  std::unique_ptr<std::atomic<bool>[]> entered_;  // on an executor: task i has started
 };
 
 // Runs body(i) for every i in [0, n) on up to `threads` threads of a pool made for the call (the

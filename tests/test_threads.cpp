@@ -2,8 +2,11 @@
 // the pool of contexts for concurrent callers; the driver's task claims.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
+#include <functional>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -82,6 +85,160 @@ TEST_P(Threads, SameBitsForAnyThreadCount) {
     EXPECT_EQ(context.threads(), threads);
     const moe_test::Output got = moe_test::run_forward(case_, packed_, context);
     EXPECT_TRUE(got.bytes == expected.bytes) << threads << " threads differ from 1 thread";
+  }
+}
+
+// A caller's pool of `threads` std::threads, as an Executor: parallel_for(n, task) hands task i
+// to thread i % threads, so with fewer threads than tasks some run one after another.
+class CallerPool {
+ public:
+  explicit CallerPool(int threads) : threads_(threads) {}
+  w4a8moe::Executor executor(int tasks) {
+    return {tasks, [this](int n, const std::function<void(int)>& task) {
+              ++calls;
+              std::vector<std::thread> started;
+              for (int t = 1; t < threads_; ++t)
+                started.emplace_back([&, t] {
+                  for (int i = t; i < n; i += threads_) task(i);
+                });
+              for (int i = 0; i < n; i += threads_) task(i);
+              for (auto& th : started) th.join();
+            }};
+  }
+  int calls = 0;
+
+ private:
+  int threads_;
+};
+
+TEST_P(Threads, SameBitsOnACallersExecutorOfAnySize) {
+  SCOPED_TRACE(moe_test::describe(spec()));
+  w4a8moe::Context one(1);
+  const moe_test::Output expected = moe_test::run_forward(case_, packed_, one);
+  // pools of 1, 2 and 7 threads, each with as many tasks as threads, and a pool of 1 thread
+  // running 4 tasks one after another (a serial executor)
+  for (const auto& [threads, tasks] :
+       {std::pair{1, 1}, std::pair{2, 2}, std::pair{7, 7}, std::pair{1, 4}, std::pair{2, 3}}) {
+    CallerPool pool(threads);
+    w4a8moe::Context context(pool.executor(tasks));
+    EXPECT_TRUE(context.on_executor());
+    EXPECT_EQ(context.threads(), tasks);
+    const moe_test::Output got = moe_test::run_forward(case_, packed_, context);
+    EXPECT_TRUE(got.bytes == expected.bytes)
+        << threads << " caller threads, " << tasks << " tasks differ from 1 thread";
+    EXPECT_GE(pool.calls, 1);
+  }
+}
+
+TEST(ThreadsExecutor, ExecutorErrorsAreErrorsOfTheCall) {
+  const CaseSpec spec{.tokens = 5, .group_size = 64, .seed = 95};
+  const Case c = moe_test::make_case(spec);
+  const moe_test::PackedPair packed = moe_test::pack(c);
+  auto run = [&](w4a8moe::Executor e) {
+    w4a8moe::Context context(std::move(e));
+    moe_test::run_forward(c, packed, context);
+  };
+  // throws before running anything, and after running every task
+  EXPECT_TRUE(moe_test::throws_error(
+      [&] {
+        run({2, [](int, const std::function<void(int)>&) { throw std::runtime_error("no"); }});
+      },
+      {"executor", "parallel_for threw", "no"}));
+  EXPECT_TRUE(moe_test::throws_error(
+      [&] {
+        run({2, [](int n, const std::function<void(int)>& task) {
+               for (int i = 0; i < n; ++i) task(i);
+               throw 7;
+             }});
+      },
+      {"executor", "unknown type"}));
+  // runs none, one of two, or one task twice
+  EXPECT_TRUE(moe_test::throws_error(
+      [&] {
+        run({2, [](int, const std::function<void(int)>&) {}});
+      },
+      {"executor", "run all 2 tasks", "ran 0"}));
+  EXPECT_TRUE(moe_test::throws_error(
+      [&] {
+        run({2, [](int, const std::function<void(int)>& task) { task(0); }});
+      },
+      {"executor", "ran 1"}));
+  EXPECT_TRUE(moe_test::throws_error(
+      [&] {
+        run({2, [](int, const std::function<void(int)>& task) {
+               task(0);
+               task(0);
+               task(1);
+             }});
+      },
+      {"executor", "index 0"}));
+  // and a good call on the same Context afterwards gives the right bits
+  w4a8moe::Context reference(1);
+  const moe_test::Output expected = moe_test::run_forward(c, packed, reference);
+  bool fail = true;
+  w4a8moe::Context context(w4a8moe::Executor{2, [&](int n, const std::function<void(int)>& task) {
+                                               if (fail) throw std::runtime_error("once");
+                                               for (int i = 0; i < n; ++i) task(i);
+                                             }});
+  EXPECT_TRUE(moe_test::throws_error([&] { moe_test::run_forward(c, packed, context); },
+                                     {"executor", "once"}));
+  fail = false;
+  EXPECT_TRUE(moe_test::run_forward(c, packed, context).bytes == expected.bytes);
+}
+
+TEST(ThreadsExecutor, ChunkedCallsGiveTheSameBits) {
+  // a memory limit splits the call into chunks: one executor run each
+  const Case c = moe_test::make_case(
+      {.tokens = 400, .hidden = 512, .inter = 256, .experts = 8, .group_size = 64, .seed = 97});
+  const moe_test::PackedPair packed = moe_test::pack(c);
+  w4a8moe::Context reference(1);
+  const moe_test::Output expected = moe_test::run_forward(c, packed, reference);
+  CallerPool pool(2);
+  w4a8moe::Context context(pool.executor(3));
+  moe_test::run_forward(c, packed, context);
+  const int one_chunk = pool.calls;
+  context.set_memory_limit(context.scratch_bytes() * 2 / 3);
+  EXPECT_TRUE(moe_test::run_forward(c, packed, context).bytes == expected.bytes);
+  EXPECT_GT(pool.calls - one_chunk, 1) << "the limit should have chunked the call";
+}
+
+TEST(ThreadsExecutor, BadExecutorsAreRefused) {
+  EXPECT_TRUE(moe_test::throws_error(
+      [] {
+        w4a8moe::Context c(w4a8moe::Executor{0, [](int, const std::function<void(int)>&) {}});
+      },
+      {"executor.threads", "[1, 4096]", "got 0"}));
+  EXPECT_TRUE(moe_test::throws_error(
+      [] {
+        w4a8moe::Context c(w4a8moe::Executor{2, {}});
+      },
+      {"executor.parallel_for", "empty"}));
+}
+
+TEST(ThreadsContext, SpinWaitIsBounded) {
+  using std::chrono::microseconds;
+  w4a8moe::Context context(2);
+  EXPECT_EQ(context.spin_wait(), w4a8moe::Context::kDefaultSpinWait);
+  context.set_spin_wait(microseconds{0});
+  EXPECT_EQ(context.spin_wait(), microseconds{0});
+  context.set_spin_wait(w4a8moe::Context::kMaxSpinWait);
+  EXPECT_EQ(context.spin_wait(), w4a8moe::Context::kMaxSpinWait);
+  EXPECT_TRUE(moe_test::throws_error([&] { context.set_spin_wait(microseconds{-1}); },
+                                     {"spin_wait", "0 to 100000 microseconds", "got -1"}));
+  EXPECT_TRUE(moe_test::throws_error([&] { context.set_spin_wait(microseconds{100001}); },
+                                     {"spin_wait", "got 100001"}));
+  EXPECT_EQ(context.spin_wait(), w4a8moe::Context::kMaxSpinWait);  // unchanged by the refusals
+  // every wait policy gives the same bits, with calls that find the workers asleep
+  const Case c = moe_test::make_case({.tokens = 3, .group_size = 64, .seed = 96});
+  const moe_test::PackedPair packed = moe_test::pack(c);
+  w4a8moe::Context reference(1);
+  const moe_test::Output expected = moe_test::run_forward(c, packed, reference);
+  for (const microseconds wait : {microseconds{0}, microseconds{50}, microseconds{5000}}) {
+    context.set_spin_wait(wait);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_TRUE(moe_test::run_forward(c, packed, context).bytes == expected.bytes);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));  // polling ends, or not
+    }
   }
 }
 

@@ -10,8 +10,10 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <mutex>
@@ -223,11 +225,26 @@ struct MoeParams {
 
 // Owns the worker threads and the scratch memory of forward(). A steady-state call (same or
 // smaller sizes as before) makes no heap allocation. Not safe to use from two threads at once.
+// A caller's thread pool, for a Context that runs on it instead of on threads of its own (the
+// PyTorch binding hands in PyTorch's intra-op pool: threads already awake from the previous op,
+// and no second pool competing for the same cores). parallel_for(n, task) must call task(i)
+// once for each i in [0, n), on any threads, concurrently or one after another, and return
+// when every call has returned; n is at most `threads`. The driver's tasks never wait on a task
+// that has not started, so an executor with fewer threads than tasks is slower, never stuck.
+// An exception from parallel_for becomes an Error of the call; tasks run twice or not at all
+// are an Error too.
+struct Executor {
+  int threads = 0;  // tasks per run: the work is split into this many, [1, Context::kMaxThreads]
+  std::function<void(int n, const std::function<void(int)>& task)> parallel_for;
+};
+
 class Context {
  public:
   // The most worker threads a Context takes.
   static constexpr int kMaxThreads = 4096;
   explicit Context(int threads = 0);  // 0: the hardware's thread count, at most kMaxThreads
+  // A Context without threads of its own, on the caller's executor.
+  explicit Context(Executor executor);
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
@@ -243,6 +260,17 @@ class Context {
   static constexpr size_t kDefaultMemoryLimit = size_t{1} << 30;
   void set_memory_limit(size_t bytes) noexcept;
   size_t memory_limit() const noexcept;
+  // ---- wait policy ---------------------------------------------------------------------------
+  // How long idle worker threads poll for the next call before they sleep (default
+  // kDefaultSpinWait; like OpenMP's OMP_WAIT_POLICY). A call that finds them polling starts them
+  // without a system call; a longer wait keeps them hot across the gap between two layers at
+  // the price of their cores during it. 0: sleep at once. Error outside [0, kMaxSpinWait].
+  // No effect on a Context on an executor. docs/performance.md, "Threads", has the measures.
+  static constexpr std::chrono::microseconds kDefaultSpinWait{200};
+  static constexpr std::chrono::microseconds kMaxSpinWait{100'000};
+  void set_spin_wait(std::chrono::microseconds wait);
+  std::chrono::microseconds spin_wait() const noexcept;
+  bool on_executor() const noexcept;
 
   struct Impl;
 

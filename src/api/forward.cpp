@@ -13,13 +13,15 @@
 // order (experts ascending, then slots ascending), so the result is bit-identical for any thread
 // count.
 //
-// No barrier inside a chunk: a thread enters phase 1 once every input row is quantized and the
-// pairs are sorted, and starts the down rows of an expert once that expert is requantized. A
-// thread woken late (a futex wake-up takes tens of microseconds, a good part of a decode step)
-// thus joins work already under way instead of holding the others at a barrier, and down's
-// first weights stream while phase 1's last tasks finish. Waits are only on work other threads
-// are doing at that moment, which never waits back. Chunks are separated by a barrier (the next
-// chunk rewrites the scratch).
+// No barrier inside a chunk: a thread enters phase 1 once every input row is quantized, and
+// starts the down rows of an expert once that expert is requantized. A thread woken late (a
+// futex wake-up takes tens of microseconds, a good part of a decode step) thus joins work
+// already under way instead of holding the others at a barrier, and down's first weights stream
+// while phase 1's last tasks finish. Waits are only on work that a thread already running has
+// claimed, which never waits back: a thread that never starts, or starts after the others
+// finished, holds nobody up, so the driver runs unchanged on a caller's executor that runs its
+// tasks on fewer threads, or one after another. Each chunk is one run of the threads, after the
+// caller sorted its pairs (the next chunk rewrites the scratch).
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -80,6 +82,8 @@ struct Scratch {
 
 struct Context::Impl {
   explicit Impl(int threads) : pool(threads), gate_up_tasks(threads), down_tasks(threads) {}
+  Impl(int threads, detail::ExecutorFn executor)
+      : pool(threads, std::move(executor)), gate_up_tasks(threads), down_tasks(threads) {}
   detail::ThreadPool pool;
   detail::TaskClaims gate_up_tasks, down_tasks;  // of the running chunk's phases 1 and 2
   std::unique_ptr<uint8_t, detail::AlignedFree> arena;
@@ -117,7 +121,30 @@ Context::Context(int threads) {
   }
 }
 
+Context::Context(Executor executor) {
+  if (executor.threads < 1 || executor.threads > kMaxThreads)
+    throw Error(detail::cat("executor.threads: expected a task count in [1, ", kMaxThreads,
+                            "], got ", executor.threads));
+  if (!executor.parallel_for)
+    throw Error("executor.parallel_for: expected a function, got an empty one");
+  impl_ = std::make_unique<Impl>(executor.threads, std::move(executor.parallel_for));
+}
+
 Context::~Context() = default;
+
+void Context::set_spin_wait(std::chrono::microseconds wait) {
+  if (wait < std::chrono::microseconds{0} || wait > kMaxSpinWait)
+    throw Error(detail::cat("spin_wait: expected 0 to ", kMaxSpinWait.count(),
+                            " microseconds, got ", wait.count()));
+  impl_->pool.set_spin_ns(std::chrono::nanoseconds(wait).count());
+}
+
+std::chrono::microseconds Context::spin_wait() const noexcept {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+      std::chrono::nanoseconds(impl_->pool.spin_ns()));
+}
+
+bool Context::on_executor() const noexcept { return impl_->pool.on_executor(); }
 
 int Context::threads() const noexcept { return impl_->pool.size(); }
 
@@ -205,43 +232,36 @@ void bind(Layout& l, uint8_t* base) {
 // The counters of one chunk's phase 0: what its threads claim and what they wait for.
 struct ChunkSync {
   std::atomic<int64_t> claim;  // the next batch of input rows
-  // input rows quantized, plus 1 once the pairs are sorted and the tasks of phases 1 and 2 set:
-  // phase 1 starts at rows + 1
-  std::atomic<int64_t> ready;
+  std::atomic<int64_t> ready;  // input rows quantized: phase 1 starts when all are
   void clear() noexcept {
     claim.store(0, std::memory_order_relaxed);
     ready.store(0, std::memory_order_relaxed);
   }
 };
 
-// Runs on every thread of the pool.
+// One chunk of tokens: the caller's begin_chunk(), then operator() on every thread of the pool.
 class Worker {
  public:
-  // sync[2]: chunk c uses sync[c % 2]; both cleared. The claims are reset by each chunk.
-  Worker(const Problem& p, const Scratch& s, ThreadPool& pool, ChunkSync* sync,
-         TaskClaims& gate_up_tasks, TaskClaims& down_tasks)
-      : p_(p),
-        s_(s),
-        pool_(pool),
-        sync_(sync),
-        gate_up_tasks_(gate_up_tasks),
-        down_tasks_(down_tasks) {}
+  Worker(const Problem& p, const Scratch& s, int threads, TaskClaims& gate_up_tasks,
+         TaskClaims& down_tasks)
+      : p_(p), s_(s), threads_(threads), gate_up_tasks_(gate_up_tasks), down_tasks_(down_tasks) {}
+
+  // On the caller, before the chunk's run: sorts its pairs by expert and sets the phases' tasks.
+  void begin_chunk(int64_t t0, int64_t tokens) {
+    t0_ = t0;
+    tokens_ = tokens;
+    sync_.clear();
+    sort_pairs(t0, tokens);
+    gate_up_tasks_.reset(int64_t{active_count_} * inter_slices());
+    down_tasks_.reset(down_slices());
+  }
 
   void operator()(int tid) {
     if (p_.set->thread_begin != nullptr) p_.set->thread_begin();
-    int64_t chunk = 0;
-    for (int64_t t0 = 0; t0 < p_.s.tokens; t0 += p_.chunk_tokens, ++chunk) {
-      const int64_t tokens = std::min(p_.chunk_tokens, p_.s.tokens - t0);
-      ChunkSync& sync = sync_[chunk % 2];
-      // The other slot was last used by chunk - 1, which the barrier below ended on every
-      // thread; chunk + 1 uses it after the next barrier.
-      if (tid == 0 && chunk > 0) sync_[(chunk + 1) % 2].clear();
-      const int64_t rows = quantize_inputs(tid, t0, tokens, sync);
-      wait_until([&] { return sync.ready.load(std::memory_order_acquire) >= rows + 1; });
-      gate_up(tid);
-      down(tid, t0, tokens);
-      if (t0 + p_.chunk_tokens < p_.s.tokens) pool_.barrier();
-    }
+    const int64_t rows = quantize_inputs(tid, t0_, tokens_);
+    wait_until([&] { return sync_.ready.load(std::memory_order_acquire) >= rows; });
+    gate_up(tid);
+    down(tid, t0_, tokens_);
     if (p_.set->thread_end != nullptr) p_.set->thread_end();
   }
 
@@ -316,16 +336,10 @@ class Worker {
     *row = q;
   }
 
-  // Phase 0; returns the chunk's input rows. Adds to sync.ready as it goes (release: the rows
-  // and the sort are visible to whoever sees the count).
-  int64_t quantize_inputs(int tid, int64_t t0, int64_t tokens, ChunkSync& sync) {
-    if (tid == 0) {
-      sort_pairs(t0, tokens);
-      // every thread of the previous chunk passed the barrier after its last claim
-      gate_up_tasks_.reset(int64_t{active_count_} * inter_slices());
-      down_tasks_.reset(down_slices());
-      sync.ready.fetch_add(1, std::memory_order_release);
-    }
+  // Phase 0 (the thread's share of it); returns the chunk's input rows. Adds to sync_.ready as
+  // it goes (release: the rows are visible to whoever sees the count).
+  int64_t quantize_inputs(int tid, int64_t t0, int64_t tokens) {
+    ChunkSync& sync = sync_;
     const bool on_input = p_.params->apply_router_weight_on_input;
     const int64_t K = p_.s.top_k;
     const int64_t rows = on_input ? tokens * K : tokens;
@@ -370,7 +384,7 @@ class Worker {
   int64_t inter_slices() const { return (p_.s.inter + kSliceI - 1) / kSliceI; }
   // Phase 2's tasks: slices of H.
   int64_t down_slices() const {
-    const int64_t slice = down_slice(p_.s.hidden, pool_.size());
+    const int64_t slice = down_slice(p_.s.hidden, threads_);
     return (p_.s.hidden + slice - 1) / slice;
   }
 
@@ -462,7 +476,7 @@ class Worker {
   void down(int tid, int64_t t0, int64_t tokens) {
     const bool on_input = p_.params->apply_router_weight_on_input;
     const int64_t H = p_.s.hidden, K = p_.s.top_k, tile = p_.set->tile_m;
-    const int64_t slice = down_slice(H, pool_.size());
+    const int64_t slice = down_slice(H, threads_);
     const int64_t requantized = inter_slices() + 1;  // an expert's done count once requantized
     float* c = thread_buf(tid);
     QuantRow a[kMaxTileM];
@@ -513,11 +527,12 @@ class Worker {
 
   const Problem& p_;
   const Scratch& s_;
-  ThreadPool& pool_;
-  ChunkSync* sync_;
+  int threads_;
+  ChunkSync sync_;
+  int64_t t0_ = 0, tokens_ = 0;  // the running chunk's
   TaskClaims& gate_up_tasks_;
   TaskClaims& down_tasks_;
-  int32_t active_count_ = 0;  // written by thread 0 in phase 0, read once the chunk is ready
+  int32_t active_count_ = 0;  // written by begin_chunk(), before the chunk's run
 };
 
 }  // namespace
@@ -555,6 +570,8 @@ void forward_tokens(Context& context, const TensorView& x, const TensorView& top
                     std::span<const uint8_t> w2_packed, const MoeParams& params,
                     const MutableTensorView& out, const ForwardRules& rules,
                     const int32_t* local_of, int64_t local_experts) {
+  // the workers' wake-up (tens of microseconds) overlaps the checks
+  ContextAccess::impl(context).pool.prewake();
   const Geometry w13 = read_geometry(w13_packed, "w13_packed");
   const Geometry w2 = read_geometry(w2_packed, "w2_packed");
   ForwardJob job;
@@ -612,11 +629,12 @@ void run_forward(Context& context, const ForwardJob& job) {
   }
   bind(layout, impl.reserve(layout.total));
 
-  ChunkSync sync[2];
-  for (auto& c : sync) c.clear();
-  // The worker's copy of the active-expert count must be shared: one Worker object for all.
-  Worker worker(p, layout.scratch, impl.pool, sync, impl.gate_up_tasks, impl.down_tasks);
-  impl.pool.run(worker);
+  // One Worker object for all threads: they share its chunk state.
+  Worker worker(p, layout.scratch, threads, impl.gate_up_tasks, impl.down_tasks);
+  for (int64_t t0 = 0; t0 < p.s.tokens; t0 += p.chunk_tokens) {
+    worker.begin_chunk(t0, std::min(p.chunk_tokens, p.s.tokens - t0));
+    impl.pool.run(worker);
+  }
 }
 
 }  // namespace detail
