@@ -339,17 +339,16 @@ class Worker {
   // Phase 0 (the thread's share of it); returns the chunk's input rows. Adds to sync_.ready as
   // it goes (release: the rows are visible to whoever sees the count).
   int64_t quantize_inputs(int tid, int64_t t0, int64_t tokens) {
-    ChunkSync& sync = sync_;
     const bool on_input = p_.params->apply_router_weight_on_input;
     const int64_t K = p_.s.top_k;
     const int64_t rows = on_input ? tokens * K : tokens;
     float* row = thread_buf(tid);
     for (;;) {
-      const int64_t r0 = sync.claim.fetch_add(kQuantBatch, std::memory_order_relaxed);
+      const int64_t r0 = sync_.claim.fetch_add(kQuantBatch, std::memory_order_relaxed);
       if (r0 >= rows) break;
       const int64_t r1 = std::min(rows, r0 + kQuantBatch);
       quantize_batch(t0, r0, r1, row);
-      sync.ready.fetch_add(r1 - r0, std::memory_order_release);
+      sync_.ready.fetch_add(r1 - r0, std::memory_order_release);
     }
     return rows;
   }
