@@ -487,6 +487,19 @@ TEST_F(CliTest, UnwritableOutput) {
   EXPECT_THAT(r.err, HasSubstr("cannot create"));
 }
 
+TEST_F(CliTest, SpinUsSetsTheWaitPolicyOrNamesTheBound) {
+  const RunResult ok =
+      run({"bench", "--preset", "tiny", "--tokens", "2", "--repeat", "1", "--spin-us", "0"});
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  for (const char* bad : {"-5", "100001"}) {
+    SCOPED_TRACE(bad);
+    const RunResult r = run({"bench", "--preset", "tiny", "--repeat", "1", "--spin-us", bad});
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_THAT(r.err, HasSubstr("--spin-us: expected 0 to 100000 microseconds, got "));
+    EXPECT_THAT(r.err, HasSubstr(bad));
+  }
+}
+
 TEST_F(CliTest, HelpAndUnknownSubcommand) {
   const RunResult help = run({"--help"});
   EXPECT_EQ(help.exit_code, 0) << help.err;

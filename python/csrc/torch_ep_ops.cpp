@@ -13,7 +13,6 @@
 //
 // Library errors (w4a8moe::Error) are raised as torch errors with the library's sentence, as in
 // torch_ops.cpp.
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
@@ -25,6 +24,7 @@
 #include <tuple>
 #include <vector>
 
+#include "torch_threads.hpp"
 #include "torch_util.hpp"
 #include "w4a8moe/expert_parallel.hpp"
 
@@ -33,19 +33,6 @@ namespace {
 
 using at::Tensor;
 using namespace util;
-
-// The thread count of torch_ops.cpp's ops (w4a8moe.set_num_threads, else torch's), asked through
-// its registered op so that both sources follow the one setting.
-int wanted_threads() {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("w4a8moe::get_num_threads", "")
-                             .typed<int64_t()>();
-  return static_cast<int>(op.call());
-}
-
-w4a8moe::ContextPool::Lease lease_context() {
-  return w4a8moe::ContextPool::instance().lease(wanted_threads());
-}
 
 // An int32 CPU tensor of rank `rank` -> its contiguous copy (or itself).
 Tensor int32_tensor(const Tensor& t, const char* name, int64_t rank, const char* what) {
@@ -233,9 +220,10 @@ Tensor forward_local_cpu(const Tensor& x, const Tensor& topk_ids, const Tensor& 
     const Routing r = routing_of(x, topk_ids, topk_weights);
     Tensor out = at::empty({r.x.size(0), r.x.size(1)},
                            r.x.options().dtype(f32_output ? at::kFloat : r.x.scalar_type()));
-    auto lease = lease_context();
-    w4a8moe::forward_local(lease.context(), r.xv, r.idv, r.wv, w13, w2, params, shard,
-                           mutable_view_of(out));
+    threads::with_context([&](w4a8moe::Context& context) {
+      w4a8moe::forward_local(context, r.xv, r.idv, r.wv, w13, w2, params, shard,
+                             mutable_view_of(out));
+    });
     return out;
   });
 }
@@ -302,8 +290,8 @@ class Dispatch : public torch::CustomClassHolder {
   std::tuple<Tensor, Tensor> pack(Tensor x, Tensor topk_ids, Tensor topk_weights) {
     return translate_errors([&] {
       const Routing r = routing_of(x, topk_ids, topk_weights);
-      auto lease = lease_context();
-      dispatch_->pack(lease.context(), r.xv, r.idv, r.wv);
+      threads::with_context(
+          [&](w4a8moe::Context& context) { dispatch_->pack(context, r.xv, r.idv, r.wv); });
       tokens_ = r.x.size(0);
       x_dtype_ = r.x.scalar_type();
       return std::make_tuple(copy_of(dispatch_->send_counts(), at::kLong),
@@ -320,11 +308,12 @@ class Dispatch : public torch::CustomClassHolder {
                   "recv_counts: expected an int64 tensor [ranks], got dtype ",
                   recv_counts.scalar_type(), " of shape ", recv_counts.sizes());
       const Tensor counts = recv_counts.contiguous();
-      auto lease = lease_context();
-      dispatch_->compute(lease.context(), bytes_of(received, "received", "records"),
-                         {counts.data_ptr<int64_t>(), static_cast<size_t>(counts.numel())},
-                         bytes_of(w13_packed, "w13_packed"), bytes_of(w2_packed, "w2_packed"),
-                         shard_);
+      threads::with_context([&](w4a8moe::Context& context) {
+        dispatch_->compute(context, bytes_of(received, "received", "records"),
+                           {counts.data_ptr<int64_t>(), static_cast<size_t>(counts.numel())},
+                           bytes_of(w13_packed, "w13_packed"), bytes_of(w2_packed, "w2_packed"),
+                           shard_);
+      });
       return copy_of(dispatch_->results(), at::kByte);
     });
   }
@@ -335,9 +324,10 @@ class Dispatch : public torch::CustomClassHolder {
     return translate_errors([&] {
       Tensor out =
           at::empty({tokens_, dispatch_->config().hidden}, at::TensorOptions().dtype(x_dtype_));
-      auto lease = lease_context();
-      dispatch_->combine(lease.context(), bytes_of(returned, "returned", "results"),
-                         mutable_view_of(out));
+      threads::with_context([&](w4a8moe::Context& context) {
+        dispatch_->combine(context, bytes_of(returned, "returned", "results"),
+                           mutable_view_of(out));
+      });
       return out;
     });
   }

@@ -33,6 +33,7 @@
 
 // Only the public API: the meta kernel of the packing op asks the library for the packed size
 // (w4a8moe::packed_size, the packer's own geometry), so the two can never disagree.
+#include "torch_threads.hpp"
 #include "torch_util.hpp"
 #include "w4a8moe/w4a8moe.hpp"
 
@@ -48,20 +49,6 @@ using util::to_dtype;
 using util::to_tensor;
 using util::translate_errors;
 using util::view_of;
-
-// ---------------------------------------------------------------------------------------------
-// Threads: the library's per-process w4a8moe::ContextPool, so that concurrent calls from several
-// Python threads each get their own Context and a forked child starts with a fresh pool.
-
-std::atomic<int64_t> g_threads{0};  // 0: follow torch.get_num_threads()
-
-int wanted_threads() {
-  const int64_t n = g_threads.load(std::memory_order_relaxed);
-  if (n > 0) return static_cast<int>(n);
-  at::internal::lazy_init_num_threads();  // else a new thread sees OpenMP's default, not torch's
-  const int torch_threads = at::get_num_threads();
-  return torch_threads > 0 ? torch_threads : 0;  // 0: the library's default (hardware)
-}
 
 // ---------------------------------------------------------------------------------------------
 // The forward op
@@ -219,8 +206,9 @@ Tensor moe_ex_cpu(const Tensor& x_in, const Tensor& topk_ids_in, const Tensor& t
     const w4a8moe::TensorView weights = view_of(topk_weights, "topk_weights");
     const auto ov = w4a8moe::MutableTensorView::of(out.data_ptr(), xv.dtype, {shape[0], shape[1]});
 
-    auto lease = w4a8moe::ContextPool::instance().lease(wanted_threads());
-    w4a8moe::forward(lease.context(), xv, ids, weights, w13, w2, params, ov);
+    threads::with_context([&](w4a8moe::Context& context) {
+      w4a8moe::forward(context, xv, ids, weights, w13, w2, params, ov);
+    });
     return out;
   });
 }
@@ -430,12 +418,14 @@ std::tuple<bool, std::string> is_supported_config(at::ScalarType dtype, int64_t 
 void set_num_threads(int64_t threads) {
   constexpr int kMax = w4a8moe::Context::kMaxThreads;
   TORCH_CHECK(threads >= 0 && threads <= kMax,
-              "threads: expected 0 (follow torch.get_num_threads()) or a count in [1, ", kMax,
+              "threads: expected 0 (PyTorch's intra-op threads) or a count in [1, ", kMax,
               "], got ", threads);
-  g_threads.store(threads, std::memory_order_relaxed);
+  threads::g_own_threads.store(threads, std::memory_order_relaxed);
 }
 
-int64_t get_num_threads() { return wanted_threads(); }
+int64_t get_num_threads() { return threads::wanted_threads(); }
+
+int64_t torch_threads_used() { return threads::g_torch_threads_used.load(); }
 
 std::string active_kernel_set() { return w4a8moe::active_kernel_set(); }
 
@@ -496,6 +486,7 @@ TORCH_LIBRARY(w4a8moe, m) {
       &w4a8moe_torch::is_supported_config);
   m.def("set_num_threads(int threads) -> ()", &w4a8moe_torch::set_num_threads);
   m.def("get_num_threads() -> int", &w4a8moe_torch::get_num_threads);
+  m.def("_torch_threads_used() -> int", &w4a8moe_torch::torch_threads_used);
   m.def("active_kernel_set() -> str", &w4a8moe_torch::active_kernel_set);
   m.def("available_kernel_sets() -> str[]", &w4a8moe_torch::available_kernel_sets);
   m.def("set_isa_cap(str name) -> ()", &w4a8moe_torch::set_isa_cap);

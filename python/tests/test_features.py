@@ -2,6 +2,7 @@
 96, the gate/up layouts, weight and scale formats, strides, threads: each against the reference,
 with a negative check that the tolerance tells the feature apart from its absence."""
 
+import contextlib
 import multiprocessing
 import os
 import threading
@@ -222,23 +223,67 @@ def test_threads_give_the_same_bits():
     weights, x, ids, wts = small_case(tokens=100)
     packed = weights.pack()
     results, previous = [], w4a8moe.get_num_threads()
+    torch_threads = torch.get_num_threads()
     try:
         for threads in (1, 2, 3):
             w4a8moe.set_num_threads(threads)
             assert w4a8moe.get_num_threads() == threads
             results.append(w4a8moe.moe(x, ids, wts, *packed))
-        w4a8moe.set_num_threads(0)  # follow torch
-        assert w4a8moe.get_num_threads() == torch.get_num_threads()
-        results.append(w4a8moe.moe(x, ids, wts, *packed))
+        w4a8moe.set_num_threads(0)  # PyTorch's intra-op threads
+        for threads in (1, 2, 3, 7):
+            torch.set_num_threads(threads)
+            assert w4a8moe.get_num_threads() == threads
+            results.append(w4a8moe.moe(x, ids, wts, *packed))
     finally:
         w4a8moe.set_num_threads(previous)
+        torch.set_num_threads(torch_threads)
+    assert len(results) == 7
     assert all(torch.equal(r, results[0]) for r in results)
 
 
-def test_concurrent_calls_from_python_threads():
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_the_op_runs_on_torch_threads(threads):
+    # each of torch's threads ran tasks (an extension built without OpenMP would run at::parallel_for
+    # on the calling thread alone: right bits, one core)
+    weights, x, ids, wts = small_case(tokens=16)
+    packed = weights.pack()
+    with on_torch_threads(threads):
+        w4a8moe.moe(x, ids, wts, *packed)
+        assert torch.ops.w4a8moe._torch_threads_used() == threads
+    previous = w4a8moe.get_num_threads()
+    w4a8moe.set_num_threads(2)
+    try:
+        w4a8moe.moe(x, ids, wts, *packed)
+        assert torch.ops.w4a8moe._torch_threads_used() == 0  # the library's own threads
+    finally:
+        w4a8moe.set_num_threads(previous)
+
+
+@contextlib.contextmanager
+def on_torch_threads(threads):
+    """The op on PyTorch's intra-op threads (w4a8moe.set_num_threads(0)), `threads` of them."""
+    previous, torch_threads = w4a8moe.get_num_threads(), torch.get_num_threads()
+    w4a8moe.set_num_threads(0)
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        w4a8moe.set_num_threads(previous)
+        torch.set_num_threads(torch_threads)
+
+
+@pytest.mark.parametrize("source", ["own", "torch"])
+def test_concurrent_calls_from_python_threads(source):
     weights, x, ids, wts = small_case(tokens=64)
     packed = weights.pack()
     expected = w4a8moe.moe(x, ids, wts, *packed)
+    with on_torch_threads(2) if source == "torch" else contextlib.nullcontext():
+        results, errors = concurrent_calls(x, ids, wts, packed)
+    assert not errors
+    assert all(torch.equal(r, expected) for r in results)
+
+
+def concurrent_calls(x, ids, wts, packed):
     results, errors = [None] * 4, []
 
     def work(i):
@@ -253,8 +298,7 @@ def test_concurrent_calls_from_python_threads():
         t.start()
     for t in threads:
         t.join()
-    assert not errors
-    assert all(torch.equal(r, expected) for r in results)
+    return results, errors
 
 
 def _child(queue, tensors):
@@ -262,10 +306,17 @@ def _child(queue, tensors):
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
-def test_forked_child_can_call_the_op():
+@pytest.mark.parametrize("source", ["own", "torch"])
+def test_forked_child_can_call_the_op(source):
     weights, x, ids, wts = small_case(tokens=8)
     tensors = (x, ids, wts, *weights.pack())
-    expected = w4a8moe.moe(*tensors)  # the parent's worker threads exist now
+    with on_torch_threads(2) if source == "torch" else contextlib.nullcontext():
+        expected = w4a8moe.moe(*tensors)  # the parent's worker threads exist now
+        got = result_in_forked_child(tensors)
+    assert torch.equal(torch.tensor(got, dtype=expected.dtype), expected)
+
+
+def result_in_forked_child(tensors):
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
     child = ctx.Process(target=_child, args=(queue, tensors))
@@ -273,4 +324,4 @@ def test_forked_child_can_call_the_op():
     got = queue.get(timeout=60)
     child.join(timeout=60)
     assert child.exitcode == 0
-    assert torch.equal(torch.tensor(got), expected)
+    return got

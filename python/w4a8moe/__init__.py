@@ -203,7 +203,8 @@ def is_supported_config(
 
 
 def set_num_threads(threads: int) -> None:
-    """Threads of the forward pass: 0 (the default) follows torch.get_num_threads()."""
+    """Threads of the forward pass: 0 (the default) runs it on PyTorch's intra-op threads, as
+    many as torch.get_num_threads(); n > 0 on n threads of the library's own."""
     ops.set_num_threads(threads)
 
 

@@ -474,7 +474,8 @@ int bench_parallel(const BenchOptions& o, const BenchLayer& b, Parallel& paralle
   Input x{b.x_dtype, make_activations(T, H, o.seed), {}};
   if (b.x_dtype != DType::f32) x.half = to_half(x.f32, b.x_dtype);
   const TensorView xv = TensorView::of(x.data(), b.x_dtype, {T, H});
-  Context ctx = make_context(o.execution);
+  Context ctx(o.execution.threads);
+  configure_context(ctx, o.execution);
   const std::string kernel_set = active_kernel_set();
   const bool report = parallel.rank() == 0;
   if (!o.json && report) print_header(o, b, ctx, kernel_set);
@@ -567,7 +568,8 @@ int bench_command(const BenchOptions& o) {
   const TensorView xv = TensorView::of(x.data(), b.x_dtype, {T, H});
   OutputTensor out(b.x_dtype, T, H);
 
-  Context ctx = make_context(o.execution);
+  Context ctx(o.execution.threads);
+  configure_context(ctx, o.execution);
   const std::string kernel_set = active_kernel_set();
   if (!o.json) print_header(o, b, ctx, kernel_set);
 

@@ -385,7 +385,8 @@ int layer_command(const LayerOptions& options) {
   hidden_states(options, l.info().hidden, hs);
   const double route_seconds = route(l, hs.x);
 
-  Context context = make_context(options.execution);
+  Context context(options.execution.threads);
+  configure_context(context, options.execution);
   const int64_t T = hs.x.shape[0];
   OutputTensor out(hs.x.dtype, T, l.info().hidden);
   const double median = time_layer(l, hs, options.repeat, context, out.view, parallel);

@@ -97,7 +97,8 @@ int run_command(const RunOptions& options) {
   const io::LoadedCase c = io::load_case(options.input);
   const PackedExperts experts = case_experts(options, c, parallel);
 
-  Context context = make_context(options.execution);
+  Context context(options.execution.threads);
+  configure_context(context, options.execution);
   const int64_t tokens = c.x.shape[0];
   const int64_t hidden = c.x.shape[1];
   OutputTensor out(c.x.dtype, tokens, hidden);

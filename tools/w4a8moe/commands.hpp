@@ -9,9 +9,10 @@ namespace w4a8moe::cli {
 
 // How the forward calls of bench, run and layer run: main.cpp registers these options for the
 // three commands (add_execution_options) and each command makes its Context from them
-// (make_context in forward_parts.hpp). An option of the forward calls themselves goes here.
+// (configure_context in forward_parts.hpp). An option of the forward calls themselves goes here.
 struct ExecutionOptions {
-  int threads = 0;  // 0: the hardware's thread count
+  int threads = 0;   // 0: the hardware's thread count
+  int spin_us = -1;  // Context::set_spin_wait in microseconds; -1: the library's default
   // Under mpirun: "all-reduce" or "dispatch" (parallel.hpp); empty: one process.
   std::string expert_parallel;
   // dispatch: how results travel back: f32, bf16, or exact (f32 rows per slot: forward()'s

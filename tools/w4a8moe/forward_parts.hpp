@@ -16,7 +16,16 @@
 namespace w4a8moe::cli {
 
 // The Context the forward calls of a command run on.
-inline Context make_context(const ExecutionOptions& options) { return Context(options.threads); }
+// The Context of a command's forward calls, as its options say (Context is not movable: the
+// caller owns it, this sets it up).
+inline void configure_context(Context& context, const ExecutionOptions& options) {
+  if (options.spin_us == -1) return;  // the library's default
+  const std::chrono::microseconds wait(options.spin_us);
+  if (wait.count() < 0 || wait > Context::kMaxSpinWait)
+    throw Error("--spin-us: expected 0 to " + std::to_string(Context::kMaxSpinWait.count()) +
+                " microseconds, got " + std::to_string(options.spin_us));
+  context.set_spin_wait(wait);
+}
 
 // The two packed buffers forward() takes, packed here or mapped from a W.w4a8 file, with what
 // owns their bytes.

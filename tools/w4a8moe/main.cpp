@@ -17,6 +17,9 @@ using namespace w4a8moe::cli;
 void add_execution_options(CLI::App* command, ExecutionOptions& options) {
   command->add_option("--threads", options.threads, "threads (0: all hardware threads)")
       ->capture_default_str();
+  command->add_option("--spin-us", options.spin_us,
+                      "how long idle worker threads poll before they sleep, in microseconds "
+                      "(default: the library's, 200)");
   command->add_option("--expert-parallel", options.expert_parallel,
                       "under mpirun: all-reduce or dispatch; each process holds its share of "
                       "the experts");

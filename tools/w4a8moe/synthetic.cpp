@@ -63,6 +63,8 @@ const std::vector<Preset>& presets() {
       {"mixtral-8x7b", 4096, 14336, 8, 2, Activation::silu, false, false},
       {"deepseek-v2-lite", 2048, 1408, 64, 6, Activation::silu, false, false},
       {"deepseek-v3", 7168, 2048, 256, 8, Activation::silu, false, false},
+      {"deepseek-v4-flash", 4096, 2048, 256, 6, Activation::silu, false, false},
+      {"qwen3.6-35b-a3b", 2048, 512, 256, 8, Activation::silu, false, false},
       {"gpt-oss-20b", 2880, 2880, 32, 4, Activation::swigluoai, true, false},
       {"gpt-oss-120b", 2880, 2880, 128, 4, Activation::swigluoai, true, false},
       {"olmoe-1b-7b", 2048, 1024, 64, 8, Activation::silu, false, false},
