@@ -311,6 +311,23 @@ std::vector<Named> feature_grid() {
                                .routing = Routing::repeated,
                                .x_stride_extra = 8});
   }
+  {  // MXFP4 weights: gpt-oss's shape of layer (interleaved, biases, swigluoai) and plain ones
+    CaseSpec s = base();
+    s.group_size = 32;
+    s.mxfp4 = true;
+    add("mxfp4_silu_f32", s);
+    s.tokens = 1;
+    add("mxfp4_one_token", s);
+    s.tokens = 37;
+    s.x_dtype = DType::bf16;
+    s.activation = Activation::swigluoai;
+    s.bias = true;
+    s.interleaved = true;
+    add("mxfp4_gpt_oss_like_bf16", s);
+    s.apply_router_weight_on_input = true;
+    s.routing = Routing::repeated;
+    add("mxfp4_router_on_input_repeated", s);
+  }
   return out;
 }
 
@@ -384,6 +401,14 @@ TEST(LibraryReference, MatchesIndependentReference) {
     s.hidden = 200;
     s.inter = 72;
     s.group_size = -1;
+    specs.push_back(s);
+  }
+  {  // the library's reference decodes MXFP4 itself (e2m1 codes, e8m0 scales)
+    CaseSpec s = base(8);
+    s.group_size = 32;
+    s.mxfp4 = true;
+    s.interleaved = true;
+    s.bias = true;
     specs.push_back(s);
   }
   uint64_t seed = 300;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -420,6 +421,172 @@ TEST_P(KernelGemm, IntegerSumsAreExactAtTheExtremes) {
   }
 }
 
+// One expert's MXFP4 weights for a GEMM test: e2m1 codes nibble-packed [rows, cols / 2] (element
+// 2j low), e8m0 exponents [rows, cols / 32]; and what they mean, written here from the OCP
+// definition: 2 * e2m1 as integers [rows, cols] and the scales 2^(e - 128) [rows, groups].
+struct Mxfp4Weights {
+  std::vector<uint8_t> codes, exponents;
+  std::vector<int8_t> doubled;
+  std::vector<float> s;
+};
+int e2m1_doubled(int code) {
+  const int exponent = (code >> 1) & 3, mantissa = code & 1;
+  const int magnitude = exponent == 0 ? mantissa : (2 + mantissa) << (exponent - 1);
+  return code & 8 ? -magnitude : magnitude;
+}
+Mxfp4Weights mxfp4_weights(int64_t rows, int64_t cols, const std::function<int(int64_t)>& code,
+                           const std::function<int(int64_t)>& exponent) {
+  Mxfp4Weights m;
+  m.codes.assign(static_cast<size_t>(rows * cols / 2), 0);
+  m.doubled.resize(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    const int c = code(i);
+    m.codes[static_cast<size_t>(i / 2)] |= static_cast<uint8_t>(i % 2 == 0 ? c : c << 4);
+    m.doubled[static_cast<size_t>(i)] = static_cast<int8_t>(e2m1_doubled(c));
+  }
+  for (int64_t i = 0; i < rows * cols / 32; ++i) {
+    const int e = exponent(i);
+    m.exponents.push_back(static_cast<uint8_t>(e));
+    m.s.push_back(std::ldexp(1.0f, e - 128));
+  }
+  return m;
+}
+PackedWeights pack_mxfp4(const Mxfp4Weights& m, int64_t rows, int64_t cols, const KernelSet& set,
+                         bool w13, const std::vector<float>* bias = nullptr) {
+  PackOptions po;
+  po.group_size = 32;
+  po.weight_format = WeightFormat::mxfp4;
+  po.kernel_set = set.name;
+  const TensorView wv = TensorView::of(m.codes.data(), DType::u8, {1, rows, cols / 2});
+  const TensorView sv = TensorView::of(m.exponents.data(), DType::u8, {1, rows, cols / 32});
+  const TensorView bv =
+      bias ? TensorView::of(bias->data(), DType::f32, {1, rows}) : TensorView{};
+  return w13 ? pack_w13(wv, sv, bv, po) : pack_w2(wv, sv, bv, po);
+}
+
+TEST(Mxfp4, TheKernelTablesAreTheOcpValues) {
+  // e2m1: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives, doubled
+  const int want[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  for (int c = 0; c < 16; ++c) {
+    EXPECT_EQ(e2m1_doubled(c), want[c]);
+    EXPECT_EQ(detail::kMxfp4Doubled[c], want[c]);
+    EXPECT_EQ(int{detail::kMxfp4Unsigned[c]}, want[c] + detail::kMxfp4Offset);
+  }
+  EXPECT_EQ(detail::mxfp4_group_start(-8 * 100), -12 * 100);
+  EXPECT_EQ(detail::mxfp4_group_start(8 * 77), 12 * 77);
+}
+
+TEST_P(KernelGemm, Mxfp4MatchesTheFormulaAroundTileEdges) {
+  std::mt19937 rng(23);
+  std::uniform_int_distribution<int> ci(0, 15), ei(122, 130);
+  std::uniform_real_distribution<float> bd(-0.5f, 0.5f);
+  const KernelSet* set = GetParam();
+  for (const GemmCase& c : std::vector<GemmCase>{
+           {1, 32, 32, false}, {9, 64, 32, false}, {40, 2048, 32, false}, {6, 64, 32, true},
+           {200, 96, 32, true}}) {
+    SCOPED_TRACE(std::string(set->name) + " rows " + std::to_string(c.rows) + " cols " +
+                 std::to_string(c.cols) + (c.w13 ? " w13" : " w2"));
+    const Mxfp4Weights mw = mxfp4_weights(
+        c.rows, c.cols, [&](int64_t) { return ci(rng); }, [&](int64_t) { return ei(rng); });
+    std::vector<float> bias(static_cast<size_t>(c.rows));
+    for (auto& v : bias) v = bd(rng);
+    const PackedWeights packed = pack_mxfp4(mw, c.rows, c.cols, *set, c.w13, &bias);
+    const detail::Geometry g = detail::read_geometry(packed.bytes(), "test");
+    ASSERT_EQ(g.weight_format, WeightFormat::mxfp4);
+    ASSERT_EQ(g.scale_dtype, DType::bf16);
+    const int64_t groups = c.cols / 32;
+    for (int64_t m = 1; m <= set->tile_m; ++m) {
+      std::vector<QRowBuffer> rows;
+      std::vector<QuantRow> a;
+      for (int64_t r = 0; r < m; ++r)
+        rows.push_back(quantize(*set, random_row(rng, c.cols, static_cast<int>(r % 6)),
+                                g.cols_padded, g.group_len));
+      for (auto& r : rows) a.push_back(r.row);
+      for (int64_t part = 0; part < g.parts; ++part)
+        for (int64_t j0 = 0; j0 < g.part_rows; j0 += g.block_rows) {
+          const int64_t n0 = g.stored_row(part, j0);
+          const int64_t len = std::min(g.part_rows - j0, g.block_len(j0));
+          const int64_t width = (len + 15) / 16 * 16;
+          std::vector<float> out(static_cast<size_t>(m * width), NAN);
+          gemm(*set, packed, g, a.data(), m, n0, n0 + len, out.data(), width);
+          for (int64_t r = 0; r < m; ++r)
+            for (int64_t n = 0; n < len; ++n) {
+              const int64_t logical = part * g.part_rows + j0 + n;
+              const auto b = static_cast<double>(bias[static_cast<size_t>(logical)]);
+              const double want = expected(mw.doubled, mw.s, c.cols, groups, logical,
+                                           a[static_cast<size_t>(r)], 32, b);
+              double mag = std::fabs(b);
+              for (int64_t k = 0; k < groups; ++k)
+                mag += static_cast<double>(a[static_cast<size_t>(r)].recip) * 128.0 * 12.0 * 32.0 *
+                       static_cast<double>(mw.s[static_cast<size_t>(logical * groups + k)]) / 16.0;
+              ASSERT_NEAR(out[static_cast<size_t>(r * width + n)], want, 1e-6 * mag + 1e-6)
+                  << "m " << m << " row " << r << " output " << logical;
+            }
+        }
+    }
+  }
+}
+
+// Codes +-6 (7, 15) and +-4 against activations 127 and -128, scales 2^0 (e = 128): every group
+// sum and the result are integers that f32 holds exactly, so the kernel must give them exactly.
+TEST_P(KernelGemm, Mxfp4IntegerSumsAreExactAtTheExtremes) {
+  std::mt19937 rng(29);
+  std::uniform_int_distribution<int> ci(0, 15), qi(-128, 127);
+  const int64_t rows = 40, cols = 4096;  // 4096 * 255 * 12 < 2^24
+  const KernelSet* set = GetParam();
+  const Mxfp4Weights mw = mxfp4_weights(
+      rows, cols,
+      [&](int64_t i) {
+        const int pattern = static_cast<int>((i / cols) % 4);
+        return pattern == 0 ? 7 : pattern == 1 ? 15 : pattern == 2 ? (i % 2 ? 7 : 14) : ci(rng);
+      },
+      [](int64_t) { return 128; });
+  const PackedWeights packed = pack_mxfp4(mw, rows, cols, *set, false);
+  const detail::Geometry g = detail::read_geometry(packed.bytes(), "test");
+  const int64_t m = set->tile_m;
+  std::vector<std::vector<int32_t>> storage;
+  std::vector<QuantRow> a;
+  for (int64_t r = 0; r < m; ++r) {
+    storage.emplace_back(static_cast<size_t>(g.cols_padded / 4 + g.groups + 16), 0);
+    auto* q = reinterpret_cast<int8_t*>(storage.back().data());
+    const int pattern = static_cast<int>(r % 4);
+    for (int64_t k = 0; k < g.cols_padded; ++k)
+      q[k] = static_cast<int8_t>(pattern == 0   ? 127
+                                 : pattern == 1 ? -128
+                                 : pattern == 2 ? (k % 2 ? 127 : -128)
+                                                : qi(rng));
+    QuantRow row;
+    row.data = q;
+    row.zp = r % 3 == 0 ? 0 : (r % 3 == 1 ? -128 : 127);
+    if (set->group_terms) {  // the quantizers' terms: -8 * SUM q per group
+      auto* terms = reinterpret_cast<int32_t*>(q + g.cols_padded);
+      for (int64_t b = 0; b < g.groups; ++b) {
+        int32_t sum = 0;
+        for (int64_t k = b * 32; k < (b + 1) * 32; ++k) sum += q[k];
+        terms[b] = -8 * sum;
+      }
+      row.group_terms = terms;
+    }
+    a.push_back(row);
+  }
+  for (int64_t size : {int64_t{1}, m}) {
+    const int64_t width = (rows + 15) / 16 * 16;
+    std::vector<float> out(static_cast<size_t>(size * width), NAN);
+    gemm(*set, packed, g, a.data() + (m - size), size, 0, rows, out.data(), width);
+    for (int64_t r = 0; r < size; ++r) {
+      const QuantRow& row = a[static_cast<size_t>(m - size + r)];
+      const auto* q = static_cast<const int8_t*>(row.data);
+      for (int64_t n = 0; n < rows; ++n) {
+        int64_t want = 0;
+        for (int64_t k = 0; k < cols; ++k)
+          want += (int64_t{q[k]} - row.zp) * mw.doubled[static_cast<size_t>(n * cols + k)];
+        ASSERT_EQ(out[static_cast<size_t>(r * width + n)], static_cast<float>(want))
+            << "rows " << size << ", row " << r << " (zp " << row.zp << "), output " << n;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 #if defined(__x86_64__)
@@ -435,8 +602,11 @@ void check_tile_gemm(detail::GemmFn tiles, const char* backend) {
     int group;
     DType scales;
     bool bias;
+    bool mxfp4 = false;  // mxfp4 codes (group 32, bf16 scales 2^(e - 128))
   };
   const Shape shapes[] = {
+      {40, 256, 32, DType::bf16, true, true},
+      {48, 2048, 32, DType::bf16, false, true},
       {40, 256, 32, DType::bf16, false},
       {40, 256, 64, DType::f32, true},
       {33, 192, 96, DType::f16, false},
@@ -467,8 +637,13 @@ void check_tile_gemm(detail::GemmFn tiles, const char* backend) {
                                        : TensorView::of(sdata, sh.scales, {1, sh.rows, groups});
     const TensorView bv =
         sh.bias ? TensorView::of(bias.data(), DType::f32, {1, sh.rows}) : TensorView{};
+    std::uniform_int_distribution<int> ci(0, 15), ei(120, 130);
     const PackedWeights packed =
-        pack_w2(TensorView::of(w.data(), DType::i8, {1, sh.rows, sh.cols}), sv, bv, po);
+        sh.mxfp4 ? pack_mxfp4(mxfp4_weights(
+                                  sh.rows, sh.cols, [&](int64_t) { return ci(rng); },
+                                  [&](int64_t) { return ei(rng); }),
+                              sh.rows, sh.cols, zmm, false, sh.bias ? &bias : nullptr)
+                 : pack_w2(TensorView::of(w.data(), DType::i8, {1, sh.rows, sh.cols}), sv, bv, po);
     const detail::Geometry g = detail::read_geometry(packed.bytes(), "test");
     std::vector<QRowBuffer> buffers;
     std::vector<QuantRow> a;

@@ -304,7 +304,16 @@ TEST_F(PackedDamage, LayoutRecordFields) {
   expect_rejected(
       with_header(packed_.w13, [](w4a8moe::detail::PackedHeader& x) { x.weight_format = 3; })
           .bytes(),
-      true, {"weight format", "int4 symmetric", "got 3"});
+      true, {"weight format", "int4 symmetric", "mxfp4", "got 3"});
+  expect_rejected(
+      with_header(packed_.w13, [](w4a8moe::detail::PackedHeader& x) { x.weight_format = 1; })
+          .bytes(),
+      true, {"weight format", "got 1"});
+  // mxfp4 is only ever group 32 with bf16 scales: a header that says otherwise is damaged
+  expect_rejected(
+      with_header(packed_.w2, [](w4a8moe::detail::PackedHeader& x) { x.weight_format = 2; })
+          .bytes(),
+      false, {"group size 32 and bf16 scales for mxfp4", "got group size"});
   expect_rejected(
       with_header(packed_.w2, [](w4a8moe::detail::PackedHeader& x) { x.block_rows = 32; }).bytes(),
       false, {"blocks of 64 rows", "got 32"});
@@ -460,6 +469,86 @@ TEST(PackInput, OddRowCountForW13IsRejected) {
   w4a8moe::PackOptions o;
   o.group_size = 64;
   EXPECT_TRUE(moe_test::throws_error([&] { w4a8moe::pack_w13(w, s, {}, o); }, {"w13", "255"}));
+}
+
+// ---- MXFP4 input -------------------------------------------------------------------------------
+
+class Mxfp4Input : public testing::Test {
+ protected:
+  Case case_ = moe_test::make_case(
+      {.tokens = 2, .hidden = 64, .inter = 32, .experts = 2, .group_size = 32, .mxfp4 = true});
+};
+
+TEST_F(Mxfp4Input, PacksWithTheFormatRecorded) {
+  const moe_test::PackedPair p = pack(case_);
+  const w4a8moe::PackedInfo info = w4a8moe::inspect_packed(p.w13.bytes(), "w13_packed");
+  EXPECT_EQ(info.weight_format, w4a8moe::WeightFormat::mxfp4);
+  EXPECT_EQ(info.scale_dtype, DType::bf16);
+  EXPECT_EQ(info.group_size, 32);
+  EXPECT_STREQ(w4a8moe::weight_format_name(info.weight_format), "mxfp4");
+  // the exponents' 1 byte per 32 become bf16 scales: the size packed_size() predicts
+  w4a8moe::PackOptions o = case_.pack_options();
+  EXPECT_EQ(w4a8moe::packed_size(w4a8moe::WeightRole::w13, 2, 64, 64, DType::u8, false, o, "w13"),
+            p.w13.bytes().size());
+  o.group_size = 64;
+  EXPECT_TRUE(moe_test::throws_error(
+      [&] {
+        w4a8moe::packed_size(w4a8moe::WeightRole::w13, 2, 64, 64, DType::u8, false, o, "w13");
+      },
+      {"w13", "group_size 32 for mxfp4", "got 64"}));
+}
+
+TEST_F(Mxfp4Input, RefusesANanScaleByPosition) {
+  std::vector<uint8_t> exponents = case_.w2_exponents;
+  exponents[5] = 255;  // expert 0, row 2 (I / 32 = 1 group per row), group 0
+  const TensorView sv = TensorView::of(exponents.data(), DType::u8, {2, 64, 1});
+  EXPECT_TRUE(moe_test::throws_error(
+      [&] { w4a8moe::pack_w2(case_.w2_view(), sv, {}, case_.pack_options()); },
+      {"w2_scale", "e8m0", "[0, 254]", "got 255 (NaN) at [0, 5, 0]"}));
+  w4a8moe::LogicalWeights lw = case_.logical();
+  lw.w2_scale = sv;
+  moe_test::Output out = moe_test::make_output(case_);
+  EXPECT_TRUE(moe_test::throws_error(
+      [&] {
+        w4a8moe::reference_forward(case_.x_view(), case_.ids_view(), case_.topk_weights_view(), lw,
+                                   case_.params(), out.view());
+      },
+      {"e8m0", "got 255 (NaN)"}));
+}
+
+TEST_F(Mxfp4Input, RefusesWhatIsNotMxfp4) {
+  w4a8moe::PackOptions o = case_.pack_options();
+  const auto pack13 = [&](const TensorView& w, const TensorView& s) {
+    return [&, w, s] { w4a8moe::pack_w13(w, s, {}, o); };
+  };
+  std::vector<int8_t> values(2 * 64 * 64, 0);
+  EXPECT_TRUE(moe_test::throws_error(
+      pack13(TensorView::of(values.data(), DType::i8, {2, 64, 64}), case_.w13_scale_view()),
+      {"w13", "expected dtype u8 (mxfp4 e2m1 codes", "got i8"}));
+  std::vector<float> scales(2 * 64 * 2, 1.0f);
+  EXPECT_TRUE(moe_test::throws_error(
+      pack13(case_.w13_view(), TensorView::of(scales.data(), DType::f32, {2, 64, 2})),
+      {"w13_scale", "expected dtype u8 (mxfp4 e8m0 exponents)", "got f32"}));
+  EXPECT_TRUE(moe_test::throws_error(
+      pack13(case_.w13_view(), TensorView::of(case_.w13_exponents.data(), DType::u8, {2, 64, 3})),
+      {"w13_scale", "expected shape [2, 64, 2]"}));
+  o.group_size = 64;
+  EXPECT_TRUE(moe_test::throws_error(pack13(case_.w13_view(), case_.w13_scale_view()),
+                                     {"group_size", "expected 32 for mxfp4", "got 64"}));
+  o.group_size = 32;
+  o.weight_format = static_cast<w4a8moe::WeightFormat>(1);
+  EXPECT_TRUE(moe_test::throws_error(pack13(case_.w13_view(), case_.w13_scale_view()),
+                                     {"weight_format", "got 1"}));
+}
+
+TEST(Mxfp4Support, AsksForGroup32) {
+  w4a8moe::MoeConfig c{.hidden = 2880, .inter = 2880, .experts = 32, .top_k = 4,
+                       .group_size = 32, .weight_format = w4a8moe::WeightFormat::mxfp4};
+  EXPECT_TRUE(w4a8moe::is_supported_config(c).supported);
+  c.group_size = 64;
+  const w4a8moe::Support no = w4a8moe::is_supported_config(c);
+  EXPECT_FALSE(no.supported);
+  EXPECT_NE(no.reason.find("group size 32"), std::string::npos) << no.reason;
 }
 
 }  // namespace

@@ -79,6 +79,7 @@ std::string describe(const CaseSpec& s) {
   if (s.apply_router_weight_on_input) o << " on_input";
   if (s.interleaved) o << " interleaved";
   if (s.nibbles) o << " nibbles";
+  if (s.mxfp4) o << " mxfp4";
   if (s.weight_values == WeightValues::extremes) o << " w=extremes";
   if (s.x_stride_extra != 0) o << " x_stride=H+" << s.x_stride_extra;
   o << " routing=" << routing_name(s.routing) << " seed=" << s.seed;
@@ -182,6 +183,35 @@ std::vector<float> make_scales(size_t n, int64_t cols, Rng& rng) {
   return s;
 }
 
+// 2 * e2m1(code) for the 16 codes of OCP MX FP4 (0, 0.5, 1, 1.5, 2, 3, 4, 6, then negated).
+constexpr int8_t kE2m1Doubled[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// Random codes for as many elements as `values` holds, nibble-packed (element 2j low); `values`
+// becomes their meaning, 2 * e2m1 (an integer in [-12, 12]).
+std::vector<uint8_t> make_mxfp4(std::vector<int8_t>& values, Rng& rng) {
+  std::vector<uint8_t> codes(values.size() / 2, 0);
+  for (size_t i = 0; i < values.size(); ++i) {
+    const auto code = static_cast<uint8_t>(rng.integer(0, 15));
+    codes[i / 2] |= static_cast<uint8_t>(i % 2 == 0 ? code : code << 4);
+    values[i] = kE2m1Doubled[code];
+  }
+  return codes;
+}
+
+// e8m0 exponents e with 2^(e - 128) (the scale of the doubled values) the power of two nearest
+// the drawn scale; the scales become exactly those powers of two (in f32, the reference's).
+std::vector<uint8_t> mxfp4_exponents(FloatTensor& scales) {
+  std::vector<uint8_t> e(scales.values.size());
+  for (size_t i = 0; i < e.size(); ++i) {
+    const int ex = std::clamp(
+        static_cast<int>(std::lround(std::log2(static_cast<double>(scales.values[i])))) + 128, 0,
+        254);
+    e[i] = static_cast<uint8_t>(ex);
+    scales.values[i] = std::ldexp(1.0f, ex - 128);
+  }
+  return e;
+}
+
 std::vector<float> make_uniform(size_t n, double lo, double hi, Rng& rng) {
   std::vector<float> v(n);
   for (float& f : v) f = static_cast<float>(rng.uniform(lo, hi));
@@ -243,6 +273,12 @@ Case make_case(const CaseSpec& spec) {
     c.w13_nibbles = to_nibbles(c.w13);
     c.w2_nibbles = to_nibbles(c.w2);
   }
+  if (s.mxfp4) {
+    c.w13_nibbles = make_mxfp4(c.w13, rng);
+    c.w2_nibbles = make_mxfp4(c.w2, rng);
+    c.w13_exponents = mxfp4_exponents(c.w13_scale);
+    c.w2_exponents = mxfp4_exponents(c.w2_scale);
+  }
 
   const int group = static_cast<int>(g);
   c.problem = {.tokens = T, .hidden = H, .inter = I, .experts = E, .top_k = K, .group_size = group};
@@ -253,6 +289,7 @@ Case make_case(const CaseSpec& spec) {
   p.ids = ids;
   p.topk_weights = c.topk_weights.values;
   p.interleaved = s.interleaved;
+  p.mxfp4_values = s.mxfp4;
   p.w13 = c.w13;
   p.w13_scale = c.w13_scale.values;
   p.w13_bias = c.w13_bias.values;
@@ -286,21 +323,23 @@ TensorView Case::topk_weights_view() const {
 }
 TensorView Case::w13_view() const {
   const int64_t E = spec.experts, I = spec.inter, H = spec.hidden;
-  if (spec.nibbles) return TensorView::of(w13_nibbles.data(), DType::u8, {E, 2 * I, H / 2});
+  if (spec.nibbles || spec.mxfp4) return TensorView::of(w13_nibbles.data(), DType::u8, {E, 2 * I, H / 2});
   return TensorView::of(w13.data(), DType::i8, {E, 2 * I, H});
 }
 TensorView Case::w2_view() const {
   const int64_t E = spec.experts, I = spec.inter, H = spec.hidden;
-  if (spec.nibbles) return TensorView::of(w2_nibbles.data(), DType::u8, {E, H, I / 2});
+  if (spec.nibbles || spec.mxfp4) return TensorView::of(w2_nibbles.data(), DType::u8, {E, H, I / 2});
   return TensorView::of(w2.data(), DType::i8, {E, H, I});
 }
 TensorView Case::w13_scale_view() const {
   const int64_t E = spec.experts, I = spec.inter, H = spec.hidden, g = spec.group_size;
+  if (spec.mxfp4) return TensorView::of(w13_exponents.data(), DType::u8, {E, 2 * I, H / 32});
   if (g < 0) return TensorView::of(w13_scale.bytes.data(), w13_scale.dtype, {E, 2 * I});
   return TensorView::of(w13_scale.bytes.data(), w13_scale.dtype, {E, 2 * I, H / g});
 }
 TensorView Case::w2_scale_view() const {
   const int64_t E = spec.experts, I = spec.inter, H = spec.hidden, g = spec.group_size;
+  if (spec.mxfp4) return TensorView::of(w2_exponents.data(), DType::u8, {E, H, I / 32});
   if (g < 0) return TensorView::of(w2_scale.bytes.data(), w2_scale.dtype, {E, H});
   return TensorView::of(w2_scale.bytes.data(), w2_scale.dtype, {E, H, I / g});
 }
@@ -325,6 +364,7 @@ w4a8moe::PackOptions Case::pack_options() const {
   w4a8moe::PackOptions o;
   o.group_size = spec.group_size;
   o.gate_up_layout = gate_up_layout(spec);
+  if (spec.mxfp4) o.weight_format = w4a8moe::WeightFormat::mxfp4;
   return o;
 }
 
@@ -336,7 +376,9 @@ w4a8moe::LogicalWeights Case::logical() const {
           .w2_scale = w2_scale_view(),
           .w2_bias = w2_bias_view(),
           .group_size = spec.group_size,
-          .gate_up_layout = gate_up_layout(spec)};
+          .gate_up_layout = gate_up_layout(spec),
+          .weight_format = spec.mxfp4 ? w4a8moe::WeightFormat::mxfp4
+                                      : w4a8moe::WeightFormat::int4_symmetric};
 }
 
 w4a8moe::MoeParams Case::params() const {

@@ -61,6 +61,10 @@ struct CaseSpec {
   bool apply_router_weight_on_input = false;
   bool interleaved = false;  // w13 given as gpt-oss interleaves it
   bool nibbles = false;      // weights given nibble-packed (uint8 [E, N, K/2])
+  // MXFP4 weights (group_size must be 32): random e2m1 codes nibble-packed and e8m0 exponents
+  // near the int4 cases' scale; the reference gets their meaning as integers 2 * e2m1 with
+  // scales 2^(e - 128) (make_case)
+  bool mxfp4 = false;
   Routing routing = Routing::random;
   WeightValues weight_values = WeightValues::uniform;
   int64_t x_stride_extra = 0;  // x row stride = H + this (the padding holds NaN)
@@ -88,8 +92,9 @@ struct Case {
   std::vector<uint8_t> ids;  // [T, K] int32 or int64
   FloatTensor topk_weights;
   std::vector<int8_t> w13, w2;  // int4 values, w13 in the spec's row layout
-  std::vector<uint8_t> w13_nibbles, w2_nibbles;
+  std::vector<uint8_t> w13_nibbles, w2_nibbles;  // mxfp4: the codes
   FloatTensor w13_scale, w2_scale, w13_bias, w2_bias;
+  std::vector<uint8_t> w13_exponents, w2_exponents;  // mxfp4: the e8m0 scales
 
   w4a8moe::TensorView x_view() const;
   w4a8moe::TensorView ids_view() const;

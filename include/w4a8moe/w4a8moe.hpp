@@ -118,6 +118,22 @@ enum class ScaleStorage : uint8_t {
 
 enum class WeightRole : uint8_t { w13 = 0, w2 = 1 };
 
+// How the given 4-bit weights read (docs/operator.md, "Weight formats"); recorded in the packed
+// header, so w13 and w2 may differ.
+enum class WeightFormat : uint32_t {
+  // int4 values w in [-8, 7], as int8 or nibble-packed uint8 (value + 8); scales f32, bf16 or
+  // f16, any valid group size. The value of element k is w * s.
+  int4_symmetric = 0,
+  // (1: reserved for int4 with zero points)
+  // OCP MX FP4: e2m1 codes nibble-packed in uint8 [E, N, K/2] (byte j: element 2j in the low
+  // nibble, 2j + 1 in the high one, as gpt-oss's `_blocks`), one e8m0 scale exponent per 32
+  // elements in uint8 [E, N, K/32] (group_size 32). The value of element k is
+  // e2m1(code) * 2^(e - 127); it computes as the integer 2 * e2m1(code) in [-12, 12] times the
+  // scale 2^(e - 128), both exact, the scale stored in bf16. e = 255 (NaN) is refused.
+  mxfp4 = 2,
+};
+const char* weight_format_name(WeightFormat format) noexcept;
+
 // The shape rules of the packed weights, one function each. The packer, the capability check,
 // the program, the checkpoint loaders and the PyTorch binding all ask these, each wording its own
 // message.
@@ -141,8 +157,9 @@ struct PackOptions {
   // -1 (one scale per output row), or a multiple of 32 dividing the input dimension
   // (group_size_fits()).
   int group_size = -1;
-  GateUpLayout gate_up_layout = GateUpLayout::halves;  // w13 only
-  ScaleStorage scale_storage = ScaleStorage::as_given;
+  WeightFormat weight_format = WeightFormat::int4_symmetric;  // of the given tensors
+  GateUpLayout gate_up_layout = GateUpLayout::halves;         // w13 only
+  ScaleStorage scale_storage = ScaleStorage::as_given;        // int4_symmetric only
   // Kernel set whose layout to pack for; empty = the set forward() will pick on this CPU.
   std::string kernel_set;
   // Resource limit: the packer refuses (Error) to allocate a packed buffer larger than this many
@@ -162,7 +179,8 @@ struct PackedInfo {
   int64_t rows = 0;  // output rows N (2I for w13, H for w2)
   int64_t cols = 0;  // input columns K (H for w13, I for w2)
   int group_size = -1;
-  DType scale_dtype = DType::f32;
+  WeightFormat weight_format = WeightFormat::int4_symmetric;
+  DType scale_dtype = DType::f32;  // as stored (mxfp4: bf16)
   bool has_bias = false;
   size_t expert_bytes = 0;  // bytes one expert occupies (weights, scales, sums, bias)
   size_t total_bytes = 0;
@@ -348,6 +366,7 @@ struct LogicalWeights {
   TensorView w2, w2_scale, w2_bias;
   int group_size = -1;
   GateUpLayout gate_up_layout = GateUpLayout::halves;
+  WeightFormat weight_format = WeightFormat::int4_symmetric;  // of both w13 and w2
 };
 
 // Plain code of the contract over the logical weights (accumulation in double). Slow; shares no
@@ -364,6 +383,7 @@ struct MoeConfig {
   int64_t top_k = 0;
   int64_t group_size = -1;
   int64_t activation = static_cast<int64_t>(Activation::silu);  // integer code
+  WeightFormat weight_format = WeightFormat::int4_symmetric;     // mxfp4: group_size 32
   // Expert parallelism (w4a8moe/expert_parallel.hpp): the experts this process holds of the
   // `experts` of the layer; 0: all of them.
   int64_t local_experts = 0;

@@ -42,6 +42,13 @@ Support is_supported_config(const MoeConfig& c) noexcept {
                       ") and intermediate (", c.inter,
                       ") sizes; use a divisor of both or -1 (channelwise)"));
     }
+    if (c.weight_format != WeightFormat::int4_symmetric &&
+        c.weight_format != WeightFormat::mxfp4)
+      return no(cat("weight format ", static_cast<uint32_t>(c.weight_format),
+                    " is unknown; use 0 int4_symmetric or 2 mxfp4"));
+    if (c.weight_format == WeightFormat::mxfp4 && c.group_size != 32)
+      return no(cat("mxfp4 weights have one scale per 32 elements: use group size 32, not ",
+                    c.group_size));
     (void)detail::active_set();  // a portable set always exists
     return Support{true, {}};
   } catch (const std::exception& e) {

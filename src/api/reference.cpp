@@ -64,8 +64,24 @@ struct Matrix {  // one role's logical weights
   const TensorView* bias;
   detail::WeightInput in;
   int group_size;
+  WeightFormat format;
 
-  int value(int64_t e, int64_t n, int64_t k) const {
+  // OCP MX FP4 (E2M1): sign bit 3, exponent bits 2-1 (bias 1), mantissa bit 0; exponent 0 is
+  // subnormal (0 or 0.5).
+  static double e2m1(uint8_t code) {
+    const int exponent = (code >> 1) & 3, mantissa = code & 1;
+    const double magnitude =
+        exponent == 0 ? 0.5 * mantissa : std::ldexp(1.0 + 0.5 * mantissa, exponent - 1);
+    return (code & 8) != 0 ? -magnitude : magnitude;
+  }
+
+  // The element's value without its scale: int4, the integer; mxfp4, e2m1 of the code.
+  double value(int64_t e, int64_t n, int64_t k) const {
+    if (format == WeightFormat::mxfp4) {
+      const uint8_t byte =
+          static_cast<const uint8_t*>(w->data)[(e * in.rows + n) * (in.cols / 2) + k / 2];
+      return e2m1(k % 2 == 0 ? (byte & 0x0f) : (byte >> 4));
+    }
     if (in.nibbles) {
       const uint8_t byte =
           static_cast<const uint8_t*>(w->data)[(e * in.rows + n) * (in.cols / 2) + k / 2];
@@ -79,11 +95,20 @@ struct Matrix {  // one role's logical weights
     const int64_t g = group_size < 0 ? in.cols : group_size;
     double sum = 0.0;
     for (int64_t b = 0; b < in.cols / g; ++b) {
-      int64_t dot = 0;
+      double dot = 0.0;  // exact: integers, or mxfp4's halves, below 2^53
       for (int64_t k = b * g; k < (b + 1) * g; ++k) dot += (a.q[k] - a.zp) * value(e, n, k);
-      const double s = static_cast<double>(
-          load_float(scale->data, scale->dtype, (e * in.rows + n) * in.groups + b));
-      sum += s * static_cast<double>(dot);
+      const int64_t index = (e * in.rows + n) * in.groups + b;
+      double s;
+      if (format == WeightFormat::mxfp4) {  // e8m0: 2^(e - 127), 255 is NaN
+        const int exponent = static_cast<const uint8_t*>(scale->data)[index];
+        if (exponent == 255)
+          throw Error(detail::cat("weight scales: expected e8m0 exponents in [0, 254], got 255 "
+                                  "(NaN) at [", e, ", ", n, ", ", b, "]"));
+        s = std::ldexp(1.0, exponent - 127);
+      } else {
+        s = static_cast<double>(load_float(scale->data, scale->dtype, index));
+      }
+      sum += s * dot;
     }
     double out = static_cast<double>(a.recip) * sum;
     if (!bias->empty())
@@ -98,12 +123,12 @@ void reference_forward(const TensorView& x, const TensorView& topk_ids,
                        const TensorView& topk_weights, const LogicalWeights& lw,
                        const MoeParams& params, const MutableTensorView& out) {
   using detail::cat;
-  Matrix w13{&lw.w13, &lw.w13_scale, &lw.w13_bias, {}, lw.group_size};
-  Matrix w2{&lw.w2, &lw.w2_scale, &lw.w2_bias, {}, lw.group_size};
+  Matrix w13{&lw.w13, &lw.w13_scale, &lw.w13_bias, {}, lw.group_size, lw.weight_format};
+  Matrix w2{&lw.w2, &lw.w2_scale, &lw.w2_bias, {}, lw.group_size, lw.weight_format};
   w13.in = detail::check_weight_input(lw.w13, lw.w13_scale, lw.w13_bias, lw.group_size, "w13",
-                                      "w13_scale", "w13_bias");
+                                      "w13_scale", "w13_bias", lw.weight_format);
   w2.in = detail::check_weight_input(lw.w2, lw.w2_scale, lw.w2_bias, lw.group_size, "w2",
-                                     "w2_scale", "w2_bias");
+                                     "w2_scale", "w2_bias", lw.weight_format);
   if (!is_valid_w13_rows(w13.in.rows))
     throw Error(cat("w13: expected an even number of rows (2I), got ", w13.in.rows));
   const int64_t E = w13.in.experts, H = w13.in.cols, I = w13.in.rows / 2;

@@ -110,6 +110,16 @@ PackedWeights PackedWeights::allocate(size_t bytes) {
 
 PackedInfo PackedWeights::info() const { return inspect_packed(bytes()); }
 
+const char* weight_format_name(WeightFormat format) noexcept {
+  switch (format) {
+    case WeightFormat::int4_symmetric:
+      return "int4_symmetric";
+    case WeightFormat::mxfp4:
+      return "mxfp4";
+  }
+  return "unknown";
+}
+
 PackedInfo inspect_packed(std::span<const uint8_t> packed, std::string_view argument) {
   const detail::Geometry g = detail::read_geometry(packed, argument);
   // PackedInfo's fields in order, each the geometry's of the same name.
@@ -120,6 +130,7 @@ PackedInfo inspect_packed(std::span<const uint8_t> packed, std::string_view argu
           g.rows,
           g.cols,
           g.group_size,
+          g.weight_format,
           g.scale_dtype,
           g.has_bias,
           g.expert_bytes,

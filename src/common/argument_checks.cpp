@@ -91,9 +91,16 @@ void require_positive_dims(const TensorView& t, std::string_view name) {
 
 WeightInput check_weight_input(const TensorView& w, const TensorView& scale, const TensorView& bias,
                                int group_size, std::string_view w_name, std::string_view scale_name,
-                               std::string_view bias_name) {
+                               std::string_view bias_name, WeightFormat format) {
   WeightInput in;
+  const bool mxfp4 = format == WeightFormat::mxfp4;
+  if (format != WeightFormat::int4_symmetric && !mxfp4)
+    throw Error(cat("weight_format: expected int4_symmetric (0) or mxfp4 (2), got ",
+                    static_cast<uint32_t>(format)));
   require_data(w.data, w_name);
+  if (mxfp4 && w.dtype != DType::u8)
+    throw Error(cat(w_name, ": expected dtype u8 (mxfp4 e2m1 codes, two per byte), got ",
+                    dtype_name(w.dtype)));
   if (w.dtype != DType::i8 && w.dtype != DType::u8)
     throw Error(cat(w_name, ": expected dtype i8 (int4 values) or u8 (nibble-packed), got ",
                     dtype_name(w.dtype)));
@@ -111,10 +118,19 @@ WeightInput check_weight_input(const TensorView& w, const TensorView& scale, con
   if (!group_size_fits(group_size, in.cols))
     throw Error(cat("group_size: expected -1 or a multiple of 32 that divides ", in.cols,
                     " (the input dimension of ", w_name, "), got ", group_size));
+  if (mxfp4 && group_size != 32)
+    throw Error(cat("group_size: expected 32 for mxfp4 weights (one e8m0 scale per 32), got ",
+                    group_size));
   in.groups = group_size == -1 ? 1 : in.cols / group_size;
 
   require_data(scale.data, scale_name);
-  require_float(scale.dtype, scale_name);
+  if (mxfp4) {
+    if (scale.dtype != DType::u8)
+      throw Error(cat(scale_name, ": expected dtype u8 (mxfp4 e8m0 exponents), got ",
+                      dtype_name(scale.dtype)));
+  } else {
+    require_float(scale.dtype, scale_name);
+  }
   if (group_size == -1) {
     if (!(scale.rank == 2 && scale.shape[0] == in.experts && scale.shape[1] == in.rows) &&
         !(scale.rank == 3 && scale.shape[0] == in.experts && scale.shape[1] == in.rows &&

@@ -37,10 +37,13 @@ struct WeightInput {
   int64_t groups = 0;    // scale columns (1 when channelwise)
 };
 
-// w [E, N, K] i8 or [E, N, K/2] u8, scale [E, N, K/g] or [E, N], bias empty or [E, N].
+// int4_symmetric: w [E, N, K] i8 or [E, N, K/2] u8, scale [E, N, K/g] or [E, N] in a float
+// dtype. mxfp4: w [E, N, K/2] u8 codes, scale [E, N, K/32] u8 exponents, group_size 32 (the
+// exponents' values are checked by the packer). bias empty or [E, N].
 WeightInput check_weight_input(const TensorView& w, const TensorView& scale, const TensorView& bias,
                                int group_size, std::string_view w_name, std::string_view scale_name,
-                               std::string_view bias_name);
+                               std::string_view bias_name,
+                               WeightFormat format = WeightFormat::int4_symmetric);
 
 // The activation and its parameters (also recorded in packed weight files).
 void check_params(const MoeParams& params);

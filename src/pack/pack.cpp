@@ -1,5 +1,6 @@
 // Logical int4 expert weights -> the packed buffer of the layout that the chosen kernel set reads.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -46,11 +47,22 @@ int64_t source_row(const PackJob& job, int64_t n) {
   return !job.interleaved ? n : (n < half ? 2 * n : 2 * (n - half) + 1);
 }
 
-// Logical row n (halves order) of expert e, read from the caller's tensor as int4 values,
-// zero-padded to cols_padded.
-void read_row(const PackJob& job, int64_t e, int64_t n, int8_t* dst) {
+// Logical row n (halves order) of expert e, read from the caller's tensor as integer values
+// (int4: w; mxfp4: 2 * e2m1), zero-padded to cols_padded; mxfp4 also the codes into `codes`.
+void read_row(const PackJob& job, int64_t e, int64_t n, int8_t* dst, uint8_t* codes) {
   const int64_t src_row = source_row(job, n);
   const int64_t cols = job.in.cols;
+  if (job.g.weight_format == WeightFormat::mxfp4) {
+    const auto* src =
+        static_cast<const uint8_t*>(job.w->data) + (e * job.in.rows + src_row) * (cols / 2);
+    for (int64_t j = 0; j < cols / 2; ++j) {
+      codes[2 * j] = src[j] & 0x0f;
+      codes[2 * j + 1] = src[j] >> 4;
+    }
+    std::fill(codes + cols, codes + job.g.cols_padded, uint8_t{0});  // code 0: the value 0
+    for (int64_t k = 0; k < job.g.cols_padded; ++k) dst[k] = kMxfp4Doubled[codes[k]];
+    return;
+  }
   if (job.in.nibbles) {
     const auto* src =
         static_cast<const uint8_t*>(job.w->data) + (e * job.in.rows + src_row) * (cols / 2);
@@ -70,51 +82,85 @@ void read_row(const PackJob& job, int64_t e, int64_t n, int8_t* dst) {
   std::fill(dst + cols, dst + job.g.cols_padded, int8_t{0});
 }
 
-// Writes stored row pr's weights in the layout's format into its panel record.
-void write_weights(const Geometry& g, const LayoutInfo& info, int64_t pr, const int8_t* v,
+// The nibble stored for each element of a row: int4, two's complement (qs4_b32_rowmajor) or
+// w + 8 (the other layouts); mxfp4, its code in every layout.
+void stored_nibbles(const Geometry& g, const LayoutInfo& info, const int8_t* v,
+                    const uint8_t* codes, uint8_t* nib) {
+  for (int64_t k = 0; k < g.cols_padded; ++k)
+    nib[k] = g.weight_format == WeightFormat::mxfp4 ? codes[k]
+             : info.offset_nibbles                  ? static_cast<uint8_t>(v[k] + 8)
+                                                    : static_cast<uint8_t>(v[k] & 0x0f);
+}
+
+// Writes stored row pr's nibbles in the layout's order into its panel record.
+void write_weights(const Geometry& g, const LayoutInfo& info, int64_t pr, const uint8_t* nib,
                    uint8_t* block) {
   const int64_t P = info.panel, q = pr / P, r = pr % P;
   uint8_t* panel = g.panel_at(block, q);
+  auto pair = [&](int64_t lo, int64_t hi) { return static_cast<uint8_t>(nib[lo] | (nib[hi] << 4)); };
   if (g.layout == LayoutId::qs4_b32_rowmajor) {
-    // block byte i = element i (low nibble) | element i + 16 (high nibble), two's complement
+    // block byte i = element i (low nibble) | element i + 16 (high nibble)
     for (int64_t b = 0; b < g.cols_padded / kBlock; ++b)
-      for (int i = 0; i < 16; ++i)
-        panel[b * 16 + i] = static_cast<uint8_t>((v[b * kBlock + i] & 0x0f) |
-                                                 ((v[b * kBlock + i + 16] & 0x0f) << 4));
+      for (int i = 0; i < 16; ++i) panel[b * 16 + i] = pair(b * kBlock + i, b * kBlock + i + 16);
     return;
   }
   if (g.layout == LayoutId::qu4_p8k16) {  // Arm i8mm: row pairs, 16-column chunks
     uint8_t* dst = panel + (r / 2) * 16 + (r % 2) * 8;
     for (int64_t c = 0; c < g.cols_padded / 16; ++c)
-      for (int j = 0; j < 8; ++j)
-        dst[c * 8 * P + j] =
-            static_cast<uint8_t>((v[16 * c + j] + 8) | ((v[16 * c + 8 + j] + 8) << 4));
+      for (int j = 0; j < 8; ++j) dst[c * 8 * P + j] = pair(16 * c + j, 16 * c + 8 + j);
     return;
   }
   // panel layouts: chunk of 8 columns = 4P bytes; row r owns bytes 4r..4r+3
   for (int64_t c = 0; c < g.cols_padded / 8; ++c)
-    for (int j = 0; j < 4; ++j)
-      panel[c * 4 * P + 4 * r + j] =
-          static_cast<uint8_t>((v[8 * c + j] + 8) | ((v[8 * c + 4 + j] + 8) << 4));
+    for (int j = 0; j < 4; ++j) panel[c * 4 * P + 4 * r + j] = pair(8 * c + j, 8 * c + 4 + j);
+}
+
+// The scale of group b as stored: the given one (or its bf16 rounding); mxfp4, 2^(e - 128) in
+// bf16 from the exponent e (exact: bf16 has f32's exponent range, denormals included).
+float store_scale(const PackJob& job, int64_t e, int64_t src_row, int64_t b, uint8_t* sdst) {
+  const Geometry& g = job.g;
+  const int64_t src_index = (e * job.in.rows + src_row) * g.groups + b;
+  const size_t sbytes = dtype_bytes(g.scale_dtype);
+  if (g.weight_format == WeightFormat::mxfp4) {
+    const uint8_t exponent = static_cast<const uint8_t*>(job.scale->data)[src_index];
+    if (exponent == 255)
+      throw Error(cat(job.w_name, "_scale: expected e8m0 exponents in [0, 254], got 255 (NaN) at [",
+                      e, ", ", src_row, ", ", b, "]"));
+    const uint16_t h = f32_to_bf16(std::ldexp(1.0f, int{exponent} - 128));
+    std::memcpy(sdst, &h, 2);
+    return bf16_to_f32(h);
+  }
+  const float given = load_float(job.scale->data, job.scale->dtype, src_index);
+  if (g.scale_dtype == job.scale->dtype) {
+    std::memcpy(sdst, static_cast<const uint8_t*>(job.scale->data) + src_index * sbytes, sbytes);
+    return given;
+  }
+  const uint16_t h = f32_to_bf16(given);  // ScaleStorage::bf16 rounding
+  std::memcpy(sdst, &h, 2);
+  return bf16_to_f32(h);
 }
 
 void pack_expert(const PackJob& job, int64_t e, uint8_t* block) {
   const Geometry& g = job.g;
   const LayoutInfo& info = layout_info(static_cast<uint32_t>(g.layout), job.w_name);
-  std::vector<int8_t> row(static_cast<size_t>(g.cols_padded));
+  const auto cols = static_cast<size_t>(g.cols_padded);
+  std::vector<int8_t> row(cols);
+  std::vector<uint8_t> codes(cols), nib(cols);
   const size_t sbytes = dtype_bytes(g.scale_dtype);
-  const auto* given_scales = static_cast<const uint8_t*>(job.scale->data);
   for (int64_t part = 0; part < g.parts; ++part)
     for (int64_t j = 0; j < g.part_rows_padded; ++j) {
       const int64_t pr = g.stored_row(part, j);
       if (j >= g.part_rows) {  // padding row: weight 0, scale 0, correction 0, bias 0
         std::fill(row.begin(), row.end(), int8_t{0});
-        write_weights(g, info, pr, row.data(), block);
+        std::fill(codes.begin(), codes.end(), uint8_t{0});  // mxfp4 code 0: the value 0
+        stored_nibbles(g, info, row.data(), codes.data(), nib.data());
+        write_weights(g, info, pr, nib.data(), block);
         continue;  // the buffer is zero-filled: scales, correction and bias stay 0
       }
       const int64_t n = part * g.part_rows + j;
-      read_row(job, e, n, row.data());
-      write_weights(g, info, pr, row.data(), block);
+      read_row(job, e, n, row.data(), codes.data());
+      stored_nibbles(g, info, row.data(), codes.data(), nib.data());
+      write_weights(g, info, pr, nib.data(), block);
       // scales, in the stored dtype; the correction uses the stored values
       const int64_t src_row = source_row(job, n);
       const int64_t P = info.panel, q = pr / P, r = pr % P;
@@ -122,17 +168,8 @@ void pack_expert(const PackJob& job, int64_t e, uint8_t* block) {
       double zsum = 0.0;
       int64_t wsum_row = 0;
       for (int64_t b = 0; b < g.groups; ++b) {
-        const int64_t src_index = (e * job.in.rows + src_row) * g.groups + b;
-        const float given = load_float(job.scale->data, job.scale->dtype, src_index);
-        uint8_t* sdst = scales + (b * P + r) * static_cast<int64_t>(sbytes);
-        float stored = given;
-        if (g.scale_dtype == job.scale->dtype) {
-          std::memcpy(sdst, given_scales + src_index * static_cast<int64_t>(sbytes), sbytes);
-        } else {  // ScaleStorage::bf16 rounding
-          const uint16_t h = f32_to_bf16(given);
-          std::memcpy(sdst, &h, 2);
-          stored = bf16_to_f32(h);
-        }
+        const float stored =
+            store_scale(job, e, src_row, b, scales + (b * P + r) * static_cast<int64_t>(sbytes));
         int64_t wsum = 0;
         for (int64_t k = b * g.group_len; k < (b + 1) * g.group_len; ++k)
           wsum += row[static_cast<size_t>(k)];
@@ -160,7 +197,9 @@ PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale
   const std::string_view w_name = is_w13 ? "w13" : "w2";
   PackJob job{&w, &scale, &bias, {}, {}, false, w_name};
   job.in = check_weight_input(w, scale, bias, options.group_size, w_name,
-                              is_w13 ? "w13_scale" : "w2_scale", is_w13 ? "w13_bias" : "w2_bias");
+                              is_w13 ? "w13_scale" : "w2_scale", is_w13 ? "w13_bias" : "w2_bias",
+                              options.weight_format);
+  const bool mxfp4 = options.weight_format == WeightFormat::mxfp4;
   if (options.gate_up_layout != GateUpLayout::halves &&
       options.gate_up_layout != GateUpLayout::interleaved)
     throw Error("gate_up_layout: expected halves or interleaved");
@@ -170,12 +209,14 @@ PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale
   if (options.scale_storage != ScaleStorage::as_given &&
       options.scale_storage != ScaleStorage::bf16)
     throw Error("scale_storage: expected as_given or bf16");
-  const DType scale_dtype = options.scale_storage == ScaleStorage::bf16 ? DType::bf16 : scale.dtype;
+  const DType scale_dtype =
+      mxfp4 || options.scale_storage == ScaleStorage::bf16 ? DType::bf16 : scale.dtype;
   const KernelSet& set = options.kernel_set.empty()
                              ? active_set()
                              : set_by_name(options.kernel_set, "PackOptions::kernel_set");
   job.g = make_geometry(set.layout, role, selected_experts(options, job.in.experts), job.in.rows,
                         job.in.cols, options.group_size, scale_dtype, !bias.empty(), w_name);
+  job.g.weight_format = options.weight_format;
 
   if (job.g.total_bytes > options.memory_limit)  // refuse before allocating
     throw Error(cat(w_name, ": the packed buffer needs ", job.g.total_bytes,
@@ -196,7 +237,7 @@ PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale
   h.flags = job.g.has_bias ? kFlagBias : 0u;
   h.expert_bytes = job.g.expert_bytes;
   h.total_bytes = job.g.total_bytes;
-  h.weight_format = static_cast<uint32_t>(WeightFormat::int4_symmetric);
+  h.weight_format = static_cast<uint32_t>(options.weight_format);
   h.block_rows = static_cast<uint32_t>(job.g.block_rows);
   h.panel_bytes = job.g.panel_bytes;
   h.checksum = header_checksum(h);
@@ -215,7 +256,12 @@ PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale
 
 size_t packed_size(WeightRole role, int64_t experts, int64_t rows, int64_t cols, DType scale_dtype,
                    bool has_bias, const PackOptions& options, std::string_view argument) {
-  const DType stored = options.scale_storage == ScaleStorage::bf16 ? DType::bf16 : scale_dtype;
+  const bool mxfp4 = options.weight_format == WeightFormat::mxfp4;
+  if (mxfp4 && options.group_size != 32)
+    throw Error(detail::cat(argument, ": expected group_size 32 for mxfp4 weights, got ",
+                    options.group_size));
+  const DType stored =
+      mxfp4 || options.scale_storage == ScaleStorage::bf16 ? DType::bf16 : scale_dtype;
   const detail::KernelSet& set = options.kernel_set.empty()
                                      ? detail::active_set()
                                      : detail::set_by_name(options.kernel_set, "kernel_set");

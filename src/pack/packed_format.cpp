@@ -127,8 +127,14 @@ Geometry read_geometry(std::span<const uint8_t> packed, std::string_view argumen
   if (h.scale_dtype > static_cast<uint32_t>(DType::f16))
     throw Error(cat(argument, ": invalid scale dtype code ", h.scale_dtype, " in header"));
   if ((h.flags & ~kFlagBias) != 0) throw Error(cat(argument, ": unknown header flags ", h.flags));
-  if (h.weight_format != static_cast<uint32_t>(WeightFormat::int4_symmetric))
-    throw Error(cat(argument, ": expected weight format 0 (int4 symmetric), got ", h.weight_format,
+  const auto format = static_cast<WeightFormat>(h.weight_format);
+  if (format != WeightFormat::int4_symmetric && format != WeightFormat::mxfp4)
+    throw Error(cat(argument, ": expected weight format 0 (int4 symmetric) or 2 (mxfp4), got ",
+                    h.weight_format, " in header"));
+  if (format == WeightFormat::mxfp4 &&
+      (h.group_size != 32 || h.scale_dtype != static_cast<uint32_t>(DType::bf16)))
+    throw Error(cat(argument, ": expected group size 32 and bf16 scales for mxfp4 weights, got ",
+                    "group size ", h.group_size, " and scale dtype code ", h.scale_dtype,
                     " in header"));
   if (h.block_rows != kBlockRows)
     throw Error(cat(argument, ": expected blocks of ", kBlockRows, " rows, got ", h.block_rows,
@@ -136,6 +142,7 @@ Geometry read_geometry(std::span<const uint8_t> packed, std::string_view argumen
   Geometry g = make_geometry(
       static_cast<LayoutId>(h.layout), static_cast<WeightRole>(h.role), h.experts, h.rows, h.cols,
       h.group_size, static_cast<DType>(h.scale_dtype), (h.flags & kFlagBias) != 0, argument);
+  g.weight_format = format;
   if (g.expert_bytes != h.expert_bytes || g.total_bytes != h.total_bytes ||
       g.panel_bytes != h.panel_bytes)
     throw Error(cat(argument, ": the header's sizes do not match its dimensions"));

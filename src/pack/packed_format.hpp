@@ -38,17 +38,24 @@ inline constexpr char kPackedMagic[8] = {'W', '4', 'A', '8', 'M', 'O', 'E', '\0'
 inline constexpr size_t kHeaderBytes = 128;
 inline constexpr size_t kAlign = 64;
 inline constexpr int64_t kBlock = kGroupBlock;  // K granularity of every layout
-// Largest input dimension: keeps every int32 sum exact in all kernels (|(w + 8) * q| <= 1920
-// per element, and 2^16 * 1920 < 2^31).
+// Largest input dimension: keeps every int32 sum exact in all kernels (|u * q| <= 24 * 128 =
+// 3072 per element for the unsigned weights u of any format, and 2^16 * 3072 < 2^31).
 inline constexpr int64_t kMaxCols = int64_t{1} << 16;
+
+// MXFP4: 2 * e2m1(code) for each 4-bit code (bit 3 the sign), an integer in [-12, 12].
+inline constexpr int8_t kMxfp4Doubled[16] = {0, 1,  2,  3,  4,  6,  8,  12,
+                                             0, -1, -2, -3, -4, -6, -8, -12};
+// The offset that makes them unsigned for the kernels that read offset nibbles (int4: 8), and
+// so the factor of the quantizer's group term -8 * SUM q they start a group from: start =
+// term / 8 * kMxfp4Offset, exact since the term is a multiple of 8.
+inline constexpr int32_t kMxfp4Offset = 12;
+constexpr int32_t mxfp4_group_start(int32_t term) noexcept { return term / 8 * kMxfp4Offset; }
+// 2 * e2m1(code) + kMxfp4Offset for each code, in [0, 24]: the u8 weights of those kernels.
+alignas(16) inline constexpr uint8_t kMxfp4Unsigned[16] = {12, 13, 14, 15, 16, 18, 20, 24,
+                                                           12, 11, 10, 9,  8,  6,  4,  0};
 // Rows of each w13 part per block of the stored order (a multiple of every panel height).
 inline constexpr int64_t kBlockRows = 64;
 
-// How the 4-bit weight values are to be read. Only int4_symmetric is defined so far; the field
-// exists so that other formats change no other byte of the header.
-enum class WeightFormat : uint32_t {
-  int4_symmetric = 0,  // w in [-8, 7], value w * s
-};
 
 enum class LayoutId : uint32_t {
   // Row-major rows of 32-element blocks; block byte i holds element i (low nibble) and element
@@ -117,6 +124,10 @@ struct Geometry {
   int64_t group_len = 0;  // elements per scale group (cols_padded when channelwise)
   int64_t groups = 0;     // scale groups per row
   DType scale_dtype = DType::f32;
+  // How the stored nibbles read: int4_symmetric as the layout says; mxfp4 in every layout the
+  // e2m1 code itself, whose value kernels take from kMxfp4Doubled (kMxfp4Offset more in the
+  // layouts of offset nibbles), with scales 2^(e - 128).
+  WeightFormat weight_format = WeightFormat::int4_symmetric;
   bool has_bias = false;
   int64_t row_weight_bytes = 0;
   int64_t block_rows = kBlockRows;  // rows of each part per block of the stored order

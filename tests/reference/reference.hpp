@@ -54,9 +54,12 @@ struct Problem {
   std::vector<int64_t> ids{};         // [T, K], each in [0, E)
   std::vector<float> topk_weights{};  // [T, K]
 
-  // int4 values in [-8, 7]. w13 rows are stored as given: halves (rows [0, I) gate, [I, 2I) up)
-  // or interleaved (row 2j gate j, row 2j + 1 up j); scales and biases follow the same rows.
+  // Integer weight values: int4 in [-8, 7], or (mxfp4_values) MXFP4's doubled e2m1 values in
+  // [-12, 12], whose scales are then the e8m0 scales halved. w13 rows are stored as given:
+  // halves (rows [0, I) gate, [I, 2I) up) or interleaved (row 2j gate j, row 2j + 1 up j);
+  // scales and biases follow the same rows.
   bool interleaved = false;
+  bool mxfp4_values = false;
   std::vector<int8_t> w13{};       // [E, 2I, H]
   std::vector<float> w13_scale{};  // [E, 2I, H/g] or [E, 2I]
   std::vector<float> w13_bias{};   // empty or [E, 2I]

@@ -34,13 +34,31 @@ inline float32x4_t load_scales4(const uint8_t* base, DType dtype, int64_t index)
   }
 }
 
-// The 64 bytes of offset nibbles at wc as s8 weights: byte 16 * i + j's low nibble in lane j of
-// lo[i], its high nibble in lane j of hi[i].
+// Nibbles (one per byte) as the s8 weights the kernels multiply: offset nibbles (int4: w + 8) as
+// they are; mxfp4 codes through a `tbl` of 2 * e2m1 + 12 (packed_format.hpp, kMxfp4Unsigned).
+template <bool kMxfp4>
+inline int8x16_t weights_of(uint8x16_t nibbles) {
+  if constexpr (kMxfp4)
+    return vreinterpretq_s8_u8(vqtbl1q_u8(vld1q_u8(kMxfp4Unsigned), nibbles));
+  else
+    return vreinterpretq_s8_u8(nibbles);
+}
+
+// The sum a scale group starts from, from the quantizer's term -8 * SUM q: the term itself for
+// int4, 12 * -SUM q for mxfp4.
+template <bool kMxfp4>
+inline int32_t group_start(int32_t term) {
+  return kMxfp4 ? mxfp4_group_start(term) : term;
+}
+
+// The 64 bytes of nibbles at wc as s8 weights: byte 16 * i + j's low nibble in lane j of lo[i],
+// its high nibble in lane j of hi[i].
+template <bool kMxfp4>
 inline void unpack64(const uint8_t* wc, uint8x16_t low4, int8x16_t (&lo)[4], int8x16_t (&hi)[4]) {
   for (int i = 0; i < 4; ++i) {
     const uint8x16_t r = vld1q_u8(wc + 16 * i);
-    lo[i] = vreinterpretq_s8_u8(vandq_u8(r, low4));
-    hi[i] = vreinterpretq_s8_u8(vshrq_n_u8(r, 4));
+    lo[i] = weights_of<kMxfp4>(vandq_u8(r, low4));
+    hi[i] = weights_of<kMxfp4>(vshrq_n_u8(r, 4));
   }
 }
 
@@ -73,10 +91,10 @@ inline void zero_sums(int32x4_t (&sum)[M][NP][2], float32x4_t (&facc)[M][NP][2])
 }
 
 // Before scale group b: each row's int32 sums start at its group term.
-template <int M, int NP>
+template <int M, int NP, bool kMxfp4>
 inline void start_group(const GemmArgs& args, int64_t b, int32x4_t (&sum)[M][NP][2]) {
   for (int m = 0; m < M; ++m) {
-    const int32x4_t term = vdupq_n_s32(args.a[m].group_terms[b]);
+    const int32x4_t term = vdupq_n_s32(group_start<kMxfp4>(args.a[m].group_terms[b]));
     for (int p = 0; p < NP; ++p) sum[m][p][0] = sum[m][p][1] = term;
   }
 }

@@ -22,8 +22,8 @@ namespace w4a8moe::detail::neondot {
 
 namespace {
 
-// M activation rows x NP panels of 8 output rows from padded row n0.
-template <int M, int NP>
+// M activation rows x NP panels of 8 output rows from padded row n0; kMxfp4: mxfp4 codes.
+template <int M, int NP, bool kMxfp4>
 void tile(const GemmArgs& args, int64_t n0) {
   const Geometry& g = *args.geometry;
   const auto panel_bytes = static_cast<int64_t>(g.panel_bytes);  // panel p's record at w + p * it
@@ -38,14 +38,14 @@ void tile(const GemmArgs& args, int64_t n0) {
   zero_sums<M, NP>(sum, facc);
 
   for (int64_t b = 0; b < g.groups; ++b) {
-    start_group<M, NP>(args, b, sum);
+    start_group<M, NP, kMxfp4>(args, b, sum);
     for (int64_t k = b * g.group_len; k < (b + 1) * g.group_len; k += 16) {
       int8x16_t a[M];
       for (int m = 0; m < M; ++m) a[m] = vld1q_s8(q[m] + k);
       for (int p = 0; p < NP; ++p) {
         const uint8_t* wc = w + p * panel_bytes + k * 4;  // two chunks of 8 columns, 64 bytes
         int8x16_t lo[4], hi[4];
-        unpack64(wc, low4, lo, hi);
+        unpack64<kMxfp4>(wc, low4, lo, hi);
         for (int m = 0; m < M; ++m) {
           int32x4_t* s = sum[m][p];
           s[0] = vdotq_laneq_s32(s[0], lo[0], a[m], 0);
@@ -69,8 +69,12 @@ void tile(const GemmArgs& args, int64_t n0) {
 
 void gemm_qa8_qu4p8k8(const GemmArgs& args) {
   // 1 row: four panels per tile (more independent chains); more rows: two.
-  gemm_panel_tiles<kTileM, kPanel, 4, 2>(
-      args, []<int M, int NP>(const GemmArgs& a, int64_t n0) { tile<M, NP>(a, n0); });
+  if (args.geometry->weight_format == WeightFormat::mxfp4)
+    gemm_panel_tiles<kTileM, kPanel, 4, 2>(
+        args, []<int M, int NP>(const GemmArgs& a, int64_t n0) { tile<M, NP, true>(a, n0); });
+  else
+    gemm_panel_tiles<kTileM, kPanel, 4, 2>(
+        args, []<int M, int NP>(const GemmArgs& a, int64_t n0) { tile<M, NP, false>(a, n0); });
 }
 
 }  // namespace w4a8moe::detail::neondot

@@ -41,7 +41,7 @@ inline int32x4_t cols23(int32x4_t v) { return vcombine_s32(vget_high_s32(v), vge
 
 // One activation row x NP panels by `sdot`: the row's 8 columns broadcast twice line up with a
 // row pair's 2 x 8 columns; lanes (out n, columns 0-3), (out n, 4-7), (out n + 1, 0-3), ...
-template <int NP>
+template <int NP, bool kMxfp4>
 void tile_row(const GemmArgs& args, int64_t n0) {
   const Geometry& g = *args.geometry;
   const auto panel_bytes = static_cast<int64_t>(g.panel_bytes);  // panel p's record at w + p * it
@@ -69,12 +69,12 @@ void tile_row(const GemmArgs& args, int64_t n0) {
         const uint8_t* wc = w + p * panel_bytes + k * 4;
         for (int c = 0; c < 4; ++c) {
           const uint8x16_t r = vld1q_u8(wc + 16 * c);
-          acc[p][c] = vdotq_s32(acc[p][c], vreinterpretq_s8_u8(vandq_u8(r, low4)), alo);
-          acc[p][c] = vdotq_s32(acc[p][c], vreinterpretq_s8_u8(vshrq_n_u8(r, 4)), ahi);
+          acc[p][c] = vdotq_s32(acc[p][c], weights_of<kMxfp4>(vandq_u8(r, low4)), alo);
+          acc[p][c] = vdotq_s32(acc[p][c], weights_of<kMxfp4>(vshrq_n_u8(r, 4)), ahi);
         }
       }
     }
-    const int32x4_t term = vdupq_n_s32(a.group_terms[b]);
+    const int32x4_t term = vdupq_n_s32(group_start<kMxfp4>(a.group_terms[b]));
     for (int p = 0; p < NP; ++p) {
       sum[p][0] = vaddq_s32(vpaddq_s32(acc[p][0], acc[p][1]), term);
       sum[p][1] = vaddq_s32(vpaddq_s32(acc[p][2], acc[p][3]), term);
@@ -107,7 +107,7 @@ void tile_row(const GemmArgs& args, int64_t n0) {
 
 // MP pairs of activation rows (the last row repeated when m is odd) x one panel by `smmla`.
 // Block (i, c): rows 2i, 2i + 1 x output rows n0 + 2c, n0 + 2c + 1.
-template <int MP>
+template <int MP, bool kMxfp4>
 void tile_pairs(const GemmArgs& args, int64_t n0) {
   const Geometry& g = *args.geometry;
   const int64_t panel = n0 / kPanel;
@@ -128,8 +128,9 @@ void tile_pairs(const GemmArgs& args, int64_t n0) {
     }
   for (int64_t b = 0; b < g.groups; ++b) {
     for (int i = 0; i < MP; ++i) {
-      const int32x4_t term = vcombine_s32(vdup_n_s32(rows[2 * i]->group_terms[b]),
-                                          vdup_n_s32(rows[2 * i + 1]->group_terms[b]));
+      const int32x4_t term =
+          vcombine_s32(vdup_n_s32(group_start<kMxfp4>(rows[2 * i]->group_terms[b])),
+                       vdup_n_s32(group_start<kMxfp4>(rows[2 * i + 1]->group_terms[b])));
       for (int c = 0; c < 4; ++c) sum[i][c] = term;
     }
     for (int64_t k = b * g.group_len; k < (b + 1) * g.group_len; k += 16) {
@@ -138,7 +139,7 @@ void tile_pairs(const GemmArgs& args, int64_t n0) {
       // scheduling before register allocation off, see CMakeLists.txt).
       const uint8_t* wc = w + k * 4;
       int8x16_t lo[4], hi[4];
-      unpack64(wc, low4, lo, hi);
+      unpack64<kMxfp4>(wc, low4, lo, hi);
       for (int i = 0; i < MP; ++i) {
         const int64x2_t r0 =
             vreinterpretq_s64_s8(vld1q_s8(static_cast<const int8_t*>(rows[2 * i]->data) + k));
@@ -208,29 +209,37 @@ void tile_pairs(const GemmArgs& args, int64_t n0) {
   }
 }
 
-template <int MP>
+template <int MP, bool kMxfp4>
 void run_pairs(const GemmArgs& args) {
-  for (int64_t n = args.n_begin; n < args.n_end; n += kPanel) tile_pairs<MP>(args, n);
+  for (int64_t n = args.n_begin; n < args.n_end; n += kPanel) tile_pairs<MP, kMxfp4>(args, n);
+}
+
+template <bool kMxfp4>
+void gemm(const GemmArgs& args) {
+  switch (args.m) {
+    case 1:
+      return for_each_panel_tile<kPanel, 2>(
+          args, [&]<int NP>(int64_t n0) { tile_row<NP, kMxfp4>(args, n0); });
+    case 2:
+      return run_pairs<1, kMxfp4>(args);
+    case 3:
+    case 4:
+      return run_pairs<2, kMxfp4>(args);
+    case 5:
+    case 6:
+      return run_pairs<3, kMxfp4>(args);
+    default:
+      return run_pairs<4, kMxfp4>(args);
+  }
 }
 
 }  // namespace
 
 void gemm_qa8_qu4p8k16(const GemmArgs& args) {
-  switch (args.m) {
-    case 1:
-      return for_each_panel_tile<kPanel, 2>(args,
-                                            [&]<int NP>(int64_t n0) { tile_row<NP>(args, n0); });
-    case 2:
-      return run_pairs<1>(args);
-    case 3:
-    case 4:
-      return run_pairs<2>(args);
-    case 5:
-    case 6:
-      return run_pairs<3>(args);
-    default:
-      return run_pairs<4>(args);
-  }
+  if (args.geometry->weight_format == WeightFormat::mxfp4)
+    gemm<true>(args);
+  else
+    gemm<false>(args);
 }
 
 }  // namespace w4a8moe::detail::neoni8mm

@@ -17,6 +17,14 @@ inline void unpack_block(const uint8_t* src, int8_t* w) noexcept {
   }
 }
 
+// The same for mxfp4 codes: 2 * e2m1(code) (the scales hold 2^(e - 128)).
+inline void unpack_block_mxfp4(const uint8_t* src, int8_t* w) noexcept {
+  for (int i = 0; i < 16; ++i) {
+    w[i] = kMxfp4Doubled[src[i] & 0x0f];
+    w[i + 16] = kMxfp4Doubled[src[i] >> 4];
+  }
+}
+
 inline int32_t dot32(const int8_t* q, const int8_t* w) noexcept {
   int32_t s = 0;
   for (int i = 0; i < 32; ++i) s += int32_t{q[i]} * int32_t{w[i]};
@@ -32,6 +40,7 @@ void gemm_qa8_qs4b32rowmajor(const GemmArgs& args) {
   const int8_t* q[kTileM] = {};
   for (int64_t r = 0; r < m; ++r) q[r] = static_cast<const int8_t*>(args.a[r].data);
 
+  const bool mxfp4 = g.weight_format == WeightFormat::mxfp4;
   alignas(64) int8_t w[kBlock];
   for (int64_t n = args.n_begin; n < args.n_end; ++n) {
     // one row per panel record (P = 1)
@@ -43,7 +52,10 @@ void gemm_qa8_qs4b32rowmajor(const GemmArgs& args) {
       int32_t gdot[kTileM] = {};
       for (int64_t blk = 0; blk < blocks_per_group; ++blk) {
         const int64_t block = b * blocks_per_group + blk;
-        unpack_block(wrow + block * (kBlock / 2), w);
+        if (mxfp4)
+          unpack_block_mxfp4(wrow + block * (kBlock / 2), w);
+        else
+          unpack_block(wrow + block * (kBlock / 2), w);
         for (int64_t r = 0; r < m; ++r) gdot[r] += dot32(q[r] + block * kBlock, w);
       }
       if (g.channelwise()) {

@@ -30,6 +30,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cassert>
 #include <cstdlib>
 #include <memory>
@@ -204,7 +205,15 @@ class AmxUnpacker {
     // above them is ignored by the table's period of 16); a shuffle, not a shift, so that it
     // does not take the FP port the f32 scaling needs
     const __m512i high = _mm512_set1_epi64(0x3C342C241C140C04);
-    const __m512i table = _mm512_load_si512(kTable);
+    // mxfp4 codes: 2 * e2m1(code), the same four times (packed_format.hpp)
+    alignas(64) static constexpr auto kMxfp4Table = [] {
+      std::array<int8_t, 64> t{};
+      for (size_t i = 0; i < t.size(); ++i) t[i] = kMxfp4Doubled[i % 16];
+      return t;
+    }();
+    const __m512i table = _mm512_load_si512(g_.weight_format == WeightFormat::mxfp4
+                                                ? kMxfp4Table.data()
+                                                : kTable);
     n = std::min(n, left_);
     // locals: the stores below may alias any byte, members would be reloaded after each
     const uint8_t* src = src_;

@@ -12,6 +12,7 @@
 
 #include <immintrin.h>
 
+#include <array>
 #include <cassert>
 
 #include "cpu/compiled_isa.hpp"
@@ -31,6 +32,13 @@ namespace {
 
 constexpr int64_t kPanel = 16;
 
+// kMxfp4Unsigned in each 128-bit lane, as `vpshufb` reads its table.
+alignas(64) constexpr auto kMxfp4Lanes = [] {
+  std::array<uint8_t, 64> t{};
+  for (size_t i = 0; i < t.size(); ++i) t[i] = kMxfp4Unsigned[i % 16];
+  return t;
+}();
+
 // acc += u8 weights (w) x 4 s8 activations at p broadcast to every lane (the broadcast is a
 // load-port uop on x86, so it costs none of the vector ALU ports `vpdpbusd` runs on).
 inline __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t* p) {
@@ -38,8 +46,10 @@ inline __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t* p) {
 }
 
 // Output rows [n0, n0 + 16 * NP) of the padded row space. kChunks: chunks of 8 columns per scale
-// group when known at compile time (4: group 32), else 0 (read from the geometry).
-template <int M, int NP, int kChunks>
+// group when known at compile time (4: group 32), else 0 (read from the geometry). kMxfp4: the
+// nibbles are mxfp4 codes, turned into u8 weights 2 * e2m1 + 12 by a `vpshufb` each, and a
+// group starts from 12 * -SUM q (packed_format.hpp, kMxfp4Offset).
+template <int M, int NP, int kChunks, bool kMxfp4 = false>
 void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
   const Geometry& g = *args.geometry;
   const auto panel_bytes = static_cast<int64_t>(g.panel_bytes);  // panel p's record at w + p * it
@@ -49,6 +59,7 @@ void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
   const int64_t chunks_per_group = kChunks > 0 ? kChunks : g.group_len / 8;
   const bool channelwise = g.group_size < 0;
   const __m512i low4 = _mm512_set1_epi8(0x0f);
+  const __m512i mx_table = _mm512_load_si512(kMxfp4Lanes.data());
 
   const int8_t* q[M];
   for (int m = 0; m < M; ++m) q[m] = static_cast<const int8_t*>(args.a[m].data);
@@ -78,8 +89,8 @@ void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
     for (int m = 0; m < M; ++m) {
       // the row's group terms follow its cols_padded bytes (see run()): addressed from q[m],
       // so that no register holds a second pointer per row
-      const __m512i start =
-          _mm512_set1_epi32(load_unaligned<int32_t>(q[m] + g.cols_padded + 4 * b));
+      const int32_t term = load_unaligned<int32_t>(q[m] + g.cols_padded + 4 * b);
+      const __m512i start = _mm512_set1_epi32(kMxfp4 ? mxfp4_group_start(term) : term);
       for (int p = 0; p < NP; ++p) {
         lo_acc[m][p] = start;
         if constexpr (kSplit) hi_acc[m][p] = _mm512_setzero_si512();
@@ -93,6 +104,10 @@ void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
         const __m512i raw = _mm512_loadu_si512(wc + c * 64 + p * panel_bytes);
         lo[p] = _mm512_and_si512(raw, low4);
         hi[p] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+        if constexpr (kMxfp4) {
+          lo[p] = _mm512_shuffle_epi8(mx_table, lo[p]);
+          hi[p] = _mm512_shuffle_epi8(mx_table, hi[p]);
+        }
       }
       const int64_t k = k_begin + c * 8;
       for (int m = 0; m < M; ++m) {
@@ -163,21 +178,23 @@ void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
   }
 }
 
-template <int M, int NP, int kChunks>
+template <int M, int NP, int kChunks, bool kMxfp4 = false>
 void run_chunks(const GemmArgs& args) {
   for (int m = 0; m < M; ++m)
     assert(reinterpret_cast<const uint8_t*>(args.a[m].group_terms) ==
            static_cast<const uint8_t*>(args.a[m].data) + args.geometry->cols_padded);
   Prefetcher pf(args);
   for_each_panel_tile<kPanel, NP>(args,
-                                  [&]<int P>(int64_t n0) { tile<M, P, kChunks>(args, n0, pf); });
+                                  [&]<int P>(int64_t n0) { tile<M, P, kChunks, kMxfp4>(args, n0, pf); });
 }
 
 template <int M, int NP>
 void run(const GemmArgs& args) {
   // Group 32 (the common case, and the one where the per-group work weighs most) gets a fully
   // unrolled group body; other group sizes and channelwise scales loop over their chunks.
-  if (args.geometry->group_size == 32)
+  if (args.geometry->weight_format == WeightFormat::mxfp4)  // always group 32
+    run_chunks<M, NP, 4, true>(args);
+  else if (args.geometry->group_size == 32)
     run_chunks<M, NP, 4>(args);
   else
     run_chunks<M, NP, 0>(args);

@@ -55,7 +55,7 @@ inline __m256 load_scales_ymm(const uint8_t* base, DType dtype, int64_t index) {
 // Output rows [n0, n0 + 8 * NP) of the padded row space. kChunks: chunks of 8 columns per scale
 // group when known at compile time (4: group 32, fully unrolled), else 0 (read from the
 // geometry).
-template <bool kVnni, int M, int NP, int kChunks>
+template <bool kVnni, int M, int NP, int kChunks, bool kMxfp4>
 void ymm_tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
   const Geometry& g = *args.geometry;
   const auto panel_bytes = static_cast<int64_t>(g.panel_bytes);  // panel p's record at w + p * it
@@ -65,6 +65,10 @@ void ymm_tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
   const int64_t chunks_per_group = kChunks > 0 ? kChunks : g.group_len / 8;
   const bool channelwise = g.group_size < 0;
   const __m256i low4 = _mm256_set1_epi8(0x0f);
+  // kMxfp4: the nibbles are mxfp4 codes, turned into u8 weights 2 * e2m1 + 12 by a `vpshufb`
+  // each, and a group starts from 12 * -SUM q (packed_format.hpp, kMxfp4Offset)
+  const __m256i mx_table = _mm256_broadcastsi128_si256(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4Unsigned)));
 
   const int8_t* q[M];
   for (int m = 0; m < M; ++m) q[m] = static_cast<const int8_t*>(args.a[m].data);
@@ -91,8 +95,8 @@ void ymm_tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
     for (int m = 0; m < M; ++m) {
       // the row's group terms follow its cols_padded bytes (kernel.hpp): addressed from q[m],
       // so that no register holds a second pointer per row
-      const __m256i start =
-          _mm256_set1_epi32(load_unaligned<int32_t>(q[m] + g.cols_padded + 4 * b));
+      const int32_t term = load_unaligned<int32_t>(q[m] + g.cols_padded + 4 * b);
+      const __m256i start = _mm256_set1_epi32(kMxfp4 ? mxfp4_group_start(term) : term);
       for (int p = 0; p < NP; ++p) {
         iacc[m][p] = start;
         if constexpr (kSplit) hacc[m][p] = _mm256_setzero_si256();
@@ -107,6 +111,10 @@ void ymm_tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wc + c * 32 + p * panel_bytes));
         lo[p] = _mm256_and_si256(raw, low4);
         hi[p] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+        if constexpr (kMxfp4) {
+          lo[p] = _mm256_shuffle_epi8(mx_table, lo[p]);
+          hi[p] = _mm256_shuffle_epi8(mx_table, hi[p]);
+        }
       }
       const int64_t k = k_begin + c * 8;
       for (int m = 0; m < M; ++m) {
@@ -178,21 +186,23 @@ void ymm_tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
   }
 }
 
-template <bool kVnni, int M, int NP, int kChunks>
+template <bool kVnni, int M, int NP, int kChunks, bool kMxfp4 = false>
 void ymm_run_chunks(const GemmArgs& args) {
   for (int m = 0; m < M; ++m)
     assert(reinterpret_cast<const uint8_t*>(args.a[m].group_terms) ==
            static_cast<const uint8_t*>(args.a[m].data) + args.geometry->cols_padded);
   Prefetcher pf(args);
   for_each_panel_tile<kYmmPanel, NP>(
-      args, [&]<int P>(int64_t n0) { ymm_tile<kVnni, M, P, kChunks>(args, n0, pf); });
+      args, [&]<int P>(int64_t n0) { ymm_tile<kVnni, M, P, kChunks, kMxfp4>(args, n0, pf); });
 }
 
 template <bool kVnni, int M, int NP>
 void ymm_run(const GemmArgs& args) {
   // Group 32 (the common case, where the per-group work weighs most) gets a fully unrolled
   // group body; other group sizes and channelwise scales loop over their chunks.
-  if (args.geometry->group_size == 32)
+  if (args.geometry->weight_format == WeightFormat::mxfp4)  // always group 32
+    ymm_run_chunks<kVnni, M, NP, 4, true>(args);
+  else if (args.geometry->group_size == 32)
     ymm_run_chunks<kVnni, M, NP, 4>(args);
   else
     ymm_run_chunks<kVnni, M, NP, 0>(args);
