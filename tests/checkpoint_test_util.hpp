@@ -79,35 +79,45 @@ inline Loaded load_all(const w4a8moe::io::LayerSource& source) {
   w4a8moe::io::ExpertChunk chunk(info, E);
   for (int64_t e = 0; e < E; ++e) source.load_expert(e, chunk.slot(e));
   Loaded out;
-  const auto unpack = [](const w4a8moe::TensorView& v, std::vector<int8_t>& values,
-                         std::vector<uint8_t>& bytes) {
+  // int4: nibble - 8 with float scales; mxfp4 (the codes and e8m0 exponents as loaded): the
+  // integers 2 * e2m1(code) with scales 2^(e - 128), the reference's form of them
+  // (moe_ref::Problem::mxfp4_values), written here from the OCP definition of e2m1
+  const auto value_of = [](w4a8moe::WeightFormat format, int nibble) {
+    if (format != w4a8moe::WeightFormat::mxfp4) return static_cast<int8_t>(nibble - 8);
+    const int exponent = (nibble >> 1) & 3, mantissa = nibble & 1;
+    const int magnitude = exponent == 0 ? mantissa : (2 + mantissa) << (exponent - 1);
+    return static_cast<int8_t>(nibble & 8 ? -magnitude : magnitude);
+  };
+  const auto unpack = [&](const w4a8moe::TensorView& v, w4a8moe::WeightFormat format,
+                          std::vector<int8_t>& values, std::vector<uint8_t>& bytes) {
     const int64_t n = v.shape[0] * v.shape[1] * v.shape[2];
     const auto* p = static_cast<const uint8_t*>(v.data);
     bytes.assign(p, p + n);
     values.resize(static_cast<size_t>(2 * n));
     for (int64_t j = 0; j < n; ++j) {
-      values[static_cast<size_t>(2 * j)] = static_cast<int8_t>((p[j] & 15) - 8);
-      values[static_cast<size_t>(2 * j + 1)] = static_cast<int8_t>((p[j] >> 4) - 8);
+      values[static_cast<size_t>(2 * j)] = value_of(format, p[j] & 15);
+      values[static_cast<size_t>(2 * j + 1)] = value_of(format, p[j] >> 4);
     }
   };
-  const auto floats = [](const w4a8moe::TensorView& v, std::vector<float>& values,
-                         std::vector<uint8_t>* bytes) {
+  const auto floats = [](const w4a8moe::TensorView& v, w4a8moe::WeightFormat format,
+                         std::vector<float>& values, std::vector<uint8_t>* bytes) {
     if (v.empty()) return;
     const int64_t n = v.numel();
     values.resize(static_cast<size_t>(n));
+    const auto* p = static_cast<const uint8_t*>(v.data);
     for (int64_t i = 0; i < n; ++i)
-      values[static_cast<size_t>(i)] = w4a8moe::detail::load_float(v.data, v.dtype, i);
-    if (bytes) {
-      const auto* p = static_cast<const uint8_t*>(v.data);
-      bytes->assign(p, p + n * static_cast<int64_t>(w4a8moe::dtype_bytes(v.dtype)));
-    }
+      values[static_cast<size_t>(i)] = format == w4a8moe::WeightFormat::mxfp4
+                                           ? std::ldexp(1.0f, p[i] - 128)
+                                           : w4a8moe::detail::load_float(v.data, v.dtype, i);
+    if (bytes) bytes->assign(p, p + n * static_cast<int64_t>(w4a8moe::dtype_bytes(v.dtype)));
   };
-  unpack(chunk.w13(E), out.w13, out.w13_nibbles);
-  unpack(chunk.w2(E), out.w2, out.w2_nibbles);
-  floats(chunk.w13_scale(E), out.w13_s, &out.w13_scale_bytes);
-  floats(chunk.w2_scale(E), out.w2_s, &out.w2_scale_bytes);
-  floats(chunk.w13_bias(E), out.b13, nullptr);
-  floats(chunk.w2_bias(E), out.b2, nullptr);
+  const w4a8moe::WeightFormat int4 = w4a8moe::WeightFormat::int4_symmetric;
+  unpack(chunk.w13(E), info.w13_format, out.w13, out.w13_nibbles);
+  unpack(chunk.w2(E), info.w2_format, out.w2, out.w2_nibbles);
+  floats(chunk.w13_scale(E), info.w13_format, out.w13_s, &out.w13_scale_bytes);
+  floats(chunk.w2_scale(E), info.w2_format, out.w2_s, &out.w2_scale_bytes);
+  floats(chunk.w13_bias(E), int4, out.b13, nullptr);
+  floats(chunk.w2_bias(E), int4, out.b2, nullptr);
   return out;
 }
 
@@ -164,6 +174,8 @@ inline void check_forward(const w4a8moe::io::LayerSource& source,
       .limit = info.params.limit,
       .apply_router_weight_on_input = info.params.apply_router_weight_on_input,
   };
+  run.problem.mxfp4_values =
+      info.w13_format == WeightFormat::mxfp4 || info.w2_format == WeightFormat::mxfp4;
   const moe_ref::Problem& p = run.problem;
   const moe_ref::ExactResult exact = moe_ref::exact_forward(p);
   double max_ref = 0;

@@ -204,18 +204,41 @@ TEST(CompressedTensors, GptOssMxfp4Experts) {
   spec.E = 4;
   CtModel c = make_ct(spec);
   c.writer.write(dir / "ckpt");
-  const auto source = io::open_layer(dir / "ckpt", 0, {});
+  // taken exactly (WeightFormat::mxfp4), also where --exact is asked for
+  io::LoadOptions exact;
+  exact.require_exact = true;
+  const auto source = io::open_layer(dir / "ckpt", 0, exact);
+  const io::LayerInfo& info = source->info();
+  EXPECT_EQ(info.w13_format, WeightFormat::mxfp4);
+  EXPECT_EQ(info.w2_format, WeightFormat::mxfp4);
+  EXPECT_EQ(info.group_size, 32);
   EXPECT_EQ(source->conversions()[0].tensor,
             "model.layers.0.mlp.experts.gate_up_proj_blocks (gate, interleaved)");
-  EXPECT_EQ(source->conversions()[2].source, "MXFP4");
+  for (const io::Conversion& conv : source->conversions()) {
+    EXPECT_EQ(conv.source, "MXFP4");
+    EXPECT_TRUE(conv.exact);
+  }
+  // what was loaded means exactly what the file says (c.dense: its values, decoded by the
+  // writer): 2 * e2m1 * 2^(e - 128) = e2m1 * 2^(e - 127), element for element
   const Loaded w = load_all(*source);
-  expect_quantized_from(w, c.dense, spec.E, spec.H, spec.I);
+  const int64_t E = spec.E, H = spec.H, I = spec.I;
+  for (int64_t e = 0; e < E; ++e)
+    for (int which = 0; which < 3; ++which) {
+      const std::vector<float>& file = c.dense[static_cast<size_t>(e * 3 + which)];
+      const int64_t rows = which == 2 ? H : I, cols = which == 2 ? I : H;
+      const int64_t first = which == 2 ? e * H : e * 2 * I + (which == 1 ? I : 0);
+      const std::vector<int8_t>& v = which == 2 ? w.w2 : w.w13;
+      const std::vector<float>& s = which == 2 ? w.w2_s : w.w13_s;
+      for (int64_t n = 0; n < rows; ++n)
+        for (int64_t k = 0; k < cols; ++k)
+          ASSERT_EQ(static_cast<float>(v[static_cast<size_t>((first + n) * cols + k)]) *
+                        s[static_cast<size_t>((first + n) * (cols / 32) + k / 32)],
+                    file[static_cast<size_t>(n * cols + k)])
+              << "expert " << e << " projection " << which << " [" << n << ", " << k << "]";
+    }
   EXPECT_EQ(w.b13, c.layers[0].b13);
   check_layer(dir / "ckpt", 0, RouteSpec{"softmax_topk", false});
   check_expert_range(dir / "ckpt", 0, {3, 1});
-  EXPECT_THAT(exact_error(dir / "ckpt", 0),
-              HasSubstr("tensor 'model.layers.0.mlp.experts.gate_up_proj_blocks' is MXFP4, which "
-                        "does not map exactly onto int4"));
 }
 
 TEST(CompressedTensors, Llama4FusedExpertsAndSharedExpert) {
@@ -468,8 +491,9 @@ TEST_F(CtMalformed, FusedAndSharedExpertProblems) {
                 "got U8 [4, 64, 1]"));
   EXPECT_THAT(error(fused("mxfp4"),
                     filled(p + "gate_up_proj_scales", DType::u8, {4, 128, 2}, uint8_t{255})),
-              HasSubstr("gate_up_proj_blocks (gate, interleaved)' expert 0 row 0: w: expected "
-                        "finite values"));
+              HasSubstr("tensor '" + p +
+                        "gate_up_proj_scales' expert 0 row 0 block 0: e8m0 "
+                        "scale 255 is NaN (OCP MX), which no weight can be"));
   // the shared expert
   const std::string folder = dir_ / "noshared";
   base().writer.write(folder);

@@ -249,7 +249,7 @@ TEST(Gguf, ExpertChunkRefusesSlotsAndCountsPastItsSize) {
 
 TEST(Gguf, ConvertedTypesStayWithinOneQuantizationStep) {
   for (const uint32_t type :
-       {kTF32, kTF16, kTBF16, kTQ8_0, kTQ4_1, kTQ5_0, kTQ4_K, kTQ5_K, kTQ6_K, kTMXFP4}) {
+       {kTF32, kTF16, kTBF16, kTQ8_0, kTQ4_1, kTQ5_0, kTQ4_K, kTQ5_K, kTQ6_K}) {
     SCOPED_TRACE(io::ggml_type_label(type));
     TempDir dir;
     GgufSpec spec{.layers = 1, .H = 256, .I = 256, .E = 2};
@@ -290,14 +290,65 @@ TEST(Gguf, ConvertedTypesStayWithinOneQuantizationStep) {
   }
 }
 
+// MXFP4 (gpt-oss GGUFs) packs as itself: the loaded codes and exponents mean exactly the file's
+// values, with --exact too. Gate and up must both be MXFP4 for w13 to be (else the MXFP4 one of
+// them is converted like any other type), down goes its own way.
+TEST(Gguf, Mxfp4IsTakenExactly) {
+  struct Mix {
+    uint32_t gate, up, down;
+    bool w13_exact, w2_exact;
+  };
+  for (const Mix mix :
+       {Mix{kTMXFP4, kTMXFP4, kTMXFP4, true, true}, Mix{kTQ8_0, kTMXFP4, kTMXFP4, false, true},
+        Mix{kTMXFP4, kTMXFP4, kTQ4_0, true, true}}) {
+    SCOPED_TRACE(io::ggml_type_label(mix.gate) + "/" + io::ggml_type_label(mix.up) + "/" +
+                 io::ggml_type_label(mix.down));
+    TempDir dir;
+    GgufSpec spec{.layers = 1, .H = 256, .I = 128, .E = 4};
+    spec.types[0] = mix.gate;
+    spec.types[1] = mix.up;
+    spec.types[2] = mix.down;
+    GgufModel g = make_gguf(spec);
+    g.writer.write(dir / "m.gguf");
+    io::LoadOptions options;
+    options.require_exact = mix.w13_exact && mix.w2_exact;
+    const auto source = io::open_layer(dir / "m.gguf", 0, options);
+    const io::LayerInfo& info = source->info();
+    EXPECT_EQ(info.group_size, 32);
+    EXPECT_EQ(info.w13_format == WeightFormat::mxfp4, mix.gate == kTMXFP4 && mix.up == kTMXFP4);
+    EXPECT_EQ(info.w2_format == WeightFormat::mxfp4, mix.down == kTMXFP4);
+    const Loaded w = load_all(*source);
+    for (int which = 0; which < 3; ++which) {
+      const bool exact = which == 2 ? mix.w2_exact : mix.w13_exact;
+      EXPECT_EQ(source->conversions()[static_cast<size_t>(which)].exact, exact) << which;
+      const uint32_t type = which == 0 ? mix.gate : which == 1 ? mix.up : mix.down;
+      if (!exact || type != kTMXFP4) continue;  // Q4_0's exactness is tested above
+      const std::vector<float>& file = g.floats[which][0];
+      const int64_t rows = which == 2 ? 256 : 128, cols = which == 2 ? 128 : 256;
+      for (int64_t e = 0; e < spec.E; ++e)
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t k = 0; k < cols; ++k) {
+            const int64_t row = which == 2 ? e * 256 + r : e * 256 + (which == 1 ? 128 : 0) + r;
+            const std::vector<int8_t>& v = which == 2 ? w.w2 : w.w13;
+            const std::vector<float>& sc = which == 2 ? w.w2_s : w.w13_s;
+            ASSERT_EQ(static_cast<float>(v[static_cast<size_t>(row * cols + k)]) *
+                          sc[static_cast<size_t>(row * (cols / 32) + k / 32)],
+                      file[static_cast<size_t>((e * rows + r) * cols + k)])
+                << "tensor " << which << " expert " << e << " [" << r << ", " << k << "]";
+          }
+    }
+    check_layer(dir / "m.gguf", 0, RouteSpec{"softmax", true});
+  }
+}
+
 TEST(Gguf, RefusesConversionsWhenExactIsRequiredAndTypesItCannotConvert) {
   TempDir dir;
   GgufSpec spec{.layers = 1, .H = 256, .I = 256};
   spec.types[2] = kTQ8_0;
   make_gguf(spec).writer.write(dir / "q8.gguf");
   EXPECT_THAT(exact_error(dir / "q8.gguf", 0),
-              HasSubstr("tensor 'blk.0.ffn_down_exps.weight' has type Q8_0, which does not map "
-                        "exactly onto int4"));
+              HasSubstr("tensor 'blk.0.ffn_down_exps.weight' has type Q8_0, which w4a8moe "
+                        "does not take exactly (Q4_0 and MXFP4 it does"));
   spec.types[2] = kTIQ2_XXS;
   make_gguf(spec).writer.write(dir / "iq2.gguf");
   EXPECT_THAT(error_of([&] { io::open_layer(dir / "iq2.gguf", 0, {}); }),
@@ -419,8 +470,8 @@ TEST(Gguf, DeepSeek2SharedExpertConvertedAndAddedAsIs) {
   }
   check_shared(dir / "ds.gguf", 0, {});
   EXPECT_THAT(exact_error(dir / "ds.gguf", 0, options),
-              HasSubstr("tensor 'blk.0.ffn_gate_shexp.weight' has type Q8_0, which does not map "
-                        "exactly onto int4"));
+              HasSubstr("tensor 'blk.0.ffn_gate_shexp.weight' has type Q8_0, which w4a8moe "
+                        "does not take exactly"));
 }
 
 TEST(Gguf, SharedExpertMissingOrMalformed) {

@@ -203,8 +203,8 @@ TEST_F(LayerCli, ConvertedWeightsReportTheirErrorOrAreRefused) {
                                "relative RMS error "));
   EXPECT_THAT(r.out, HasSubstr("forward: 3 tokens"));
   const std::string err = failure({"--model", dir_ / "f16.gguf", "--layer", "0", "--exact"});
-  EXPECT_THAT(err, HasSubstr("tensor 'blk.0.ffn_down_exps.weight' has type F16, which does not "
-                             "map exactly onto int4"));
+  EXPECT_THAT(err, HasSubstr("tensor 'blk.0.ffn_down_exps.weight' has type F16, which w4a8moe "
+                             "does not take exactly"));
 }
 
 TEST_F(LayerCli, CompressedTensorsFolder) {
@@ -334,7 +334,7 @@ TEST_F(LayerCli, FusedExpertsAndSharedExpertOfAHuggingFaceFolder) {
   EXPECT_THAT(r.out, HasSubstr("weights: language_model.model.layers.0.feed_forward.shared_expert."
                                "down_proj: BF16 -> int4 g32 (converted)"));
   EXPECT_THAT(r.out, HasSubstr("compare: relative RMS error "));
-  // gpt-oss's MXFP4 experts, --exact refuses them
+  // gpt-oss's MXFP4 experts, taken exactly (--exact too)
   CtSpec oss = family("GptOss").ct.value();
   oss.fused = "mxfp4";
   oss.H = oss.I = 64;
@@ -345,9 +345,12 @@ TEST_F(LayerCli, FusedExpertsAndSharedExpertOfAHuggingFaceFolder) {
   ASSERT_EQ(o.exit_code, 0) << o.out << o.err;
   EXPECT_THAT(o.out, HasSubstr("top-k 2, swigluoai"));
   EXPECT_THAT(o.out, HasSubstr("routing: softmax_topk, router bias"));
-  EXPECT_THAT(o.out, HasSubstr("gate_up_proj_blocks (up, interleaved): MXFP4 -> int4 g32"));
-  EXPECT_THAT(failure({"--model", dir_ / "oss", "--layer", "0", "--exact"}),
-              HasSubstr("is MXFP4, which does not map exactly onto int4"));
+  EXPECT_THAT(o.out, HasSubstr("gate_up_proj_blocks (up, interleaved): MXFP4 -> mxfp4 exactly"));
+  EXPECT_THAT(o.out, HasSubstr("down_proj_blocks: MXFP4 -> mxfp4 exactly"));
+  const Result exact = run({"--model", dir_ / "oss", "--layer", "0", "--tokens", "2", "--repeat",
+                            "1", "--exact", "--compare"});
+  EXPECT_EQ(exact.exit_code, 0) << exact.out << exact.err;
+  EXPECT_THAT(exact.out, HasSubstr("compare: relative RMS error "));
 }
 
 TEST_F(LayerCli, LoadingHuggingFaceFoldersStreams) {

@@ -70,6 +70,9 @@ struct LayerInfo {
   int layer = 0;
   int64_t hidden = 0, inter = 0, experts = 0, top_k = 0;
   int group_size = -1;  // of the packed weights
+  // The slots' format per role: int4 (nibbles w + 8, float scales), or mxfp4 (the e2m1 codes,
+  // e8m0 exponents as u8 scales, group 32), as pack_w13 / pack_w2 take them.
+  WeightFormat w13_format = WeightFormat::int4_symmetric, w2_format = WeightFormat::int4_symmetric;
   DType w13_scale_dtype = DType::f32, w2_scale_dtype = DType::f32;
   bool expert_bias = false;  // gpt-oss: biases of the gate/up and down projections
   // Routed sources: the layer also has a shared expert (LoadOptions::shared_expert opens it).
@@ -90,7 +93,7 @@ struct Router {
 
 // Where load_expert writes one expert (buffers sized by the caller from LayerInfo).
 struct ExpertSlot {
-  uint8_t* w13 = nullptr;        // [2I, H/2] nibble-packed, rows: gate then up
+  uint8_t* w13 = nullptr;        // [2I, H/2] nibble-packed (LayerInfo's format), gate then up
   uint8_t* w13_scale = nullptr;  // [2I, H/g] (or [2I]) in w13_scale_dtype
   float* w13_bias = nullptr;     // [2I] when expert_bias
   uint8_t* w2 = nullptr;         // [H, I/2]

@@ -6,6 +6,7 @@
 #include "common/format.hpp"
 #include "common/numeric.hpp"
 #include "io/checkpoint.hpp"
+#include "io/convert.hpp"
 #include "thread_pool.hpp"
 
 namespace w4a8moe::io {
@@ -14,29 +15,35 @@ using detail::cat;
 
 namespace {
 
-// Row n of a nibble-packed [rows, cols] matrix with its scales, dequantized to double.
+// Row n of a nibble-packed [rows, cols] matrix with its scales, dequantized to double: int4
+// (w + 8) * s, or mxfp4 e2m1(code) * 2^(e - 127).
 void dequant_row(const uint8_t* w, const uint8_t* scales, DType scale_dtype, int group_size,
-                 int64_t cols, int64_t n, std::vector<double>& out) {
+                 WeightFormat format, int64_t cols, int64_t n, std::vector<double>& out) {
   const int64_t groups = group_size == -1 ? 1 : cols / group_size;
   const int64_t g = group_size == -1 ? cols : group_size;
   out.resize(static_cast<size_t>(cols));
   const uint8_t* row = w + n * (cols / 2);
+  if (format == WeightFormat::mxfp4) {  // the codes in the order of gpt-oss's blocks
+    std::vector<float> values(static_cast<size_t>(cols));
+    decode_mxfp4_row(row, scales + n * groups, cols, values.data());
+    std::copy(values.begin(), values.end(), out.begin());
+    return;
+  }
   for (int64_t k = 0; k < cols; ++k) {
     const int q = ((row[k / 2] >> (4 * (k % 2))) & 0x0f) - 8;
-    const double s =
-        static_cast<double>(detail::load_float(scales, scale_dtype, n * groups + k / g));
-    out[static_cast<size_t>(k)] = q * s;
+    out[static_cast<size_t>(k)] =
+        q * static_cast<double>(detail::load_float(scales, scale_dtype, n * groups + k / g));
   }
 }
 
 // y [n_tok, rows] = x [n_tok, cols] times the dequantized nibble-packed w [rows, cols]^T, plus
 // the bias (when given), in double.
 std::vector<double> project(const uint8_t* w, const uint8_t* scales, DType scale_dtype,
-                            int group_size, int64_t rows, int64_t cols, const float* bias,
-                            const std::vector<double>& x, int64_t n_tok) {
+                            int group_size, WeightFormat format, int64_t rows, int64_t cols,
+                            const float* bias, const std::vector<double>& x, int64_t n_tok) {
   std::vector<double> y(static_cast<size_t>(n_tok * rows)), row;
   for (int64_t n = 0; n < rows; ++n) {
-    dequant_row(w, scales, scale_dtype, group_size, cols, n, row);
+    dequant_row(w, scales, scale_dtype, group_size, format, cols, n, row);
     const double b = bias != nullptr ? static_cast<double>(bias[n]) : 0.0;
     for (int64_t s = 0; s < n_tok; ++s) {
       double acc = 0.0;
@@ -96,8 +103,8 @@ std::vector<double> float_reference(const LayerSource& source, const std::vector
               static_cast<double>(x[static_cast<size_t>(t * H + k)]) * r;
       }
       const std::vector<double> h =
-          project(slot.w13, slot.w13_scale, info.w13_scale_dtype, info.group_size, 2 * I, H,
-                  info.expert_bias ? slot.w13_bias : nullptr, in, n_tok);
+          project(slot.w13, slot.w13_scale, info.w13_scale_dtype, info.group_size, info.w13_format,
+                  2 * I, H, info.expert_bias ? slot.w13_bias : nullptr, in, n_tok);
       std::vector<double> m(static_cast<size_t>(n_tok * I));
       for (int64_t s = 0; s < n_tok; ++s)
         for (int64_t j = 0; j < I; ++j)
@@ -105,8 +112,8 @@ std::vector<double> float_reference(const LayerSource& source, const std::vector
               detail::activation_f64(info.params, h[static_cast<size_t>(s * 2 * I + j)],
                                      h[static_cast<size_t>(s * 2 * I + I + j)]);
       const std::vector<double> y =
-          project(slot.w2, slot.w2_scale, info.w2_scale_dtype, info.group_size, H, I,
-                  info.expert_bias ? slot.w2_bias : nullptr, m, n_tok);
+          project(slot.w2, slot.w2_scale, info.w2_scale_dtype, info.group_size, info.w2_format, H,
+                  I, info.expert_bias ? slot.w2_bias : nullptr, m, n_tok);
       for (int64_t s = 0; s < n_tok; ++s) {
         const int64_t i = list[static_cast<size_t>(s)], t = i / K;
         const double r = info.params.apply_router_weight_on_input

@@ -32,7 +32,7 @@ namespace {
 
 using detail::cat;
 
-enum class Kind { exact_q4_0, convert };
+enum class Kind { exact_q4_0, exact_mxfp4, convert };
 
 class GgufLayer final : public LayerSource {
  public:
@@ -335,21 +335,32 @@ void GgufLayer::choose_types() {
       any_exact = true;
       continue;
     }
+    // MXFP4 packs exactly (WeightFormat::mxfp4) when gate and up are both MXFP4 (w13 has one
+    // format); else it is converted with the others
+    const auto mxfp4 = [&](int j) {
+      return experts_[j]->type == static_cast<uint32_t>(GgmlType::mxfp4);
+    };
+    if (mxfp4(i) && (i == 2 || (mxfp4(0) && mxfp4(1)))) {
+      kind_[i] = Kind::exact_mxfp4;
+      any_exact = true;
+      continue;
+    }
     if (!type->dequantizable)
       fail(cat("tensor '", t.name, "' has type ", type->name,
-               ", which w4a8moe cannot convert to int4 (exact: Q4_0; converted: ",
+               ", which w4a8moe cannot convert to int4 (exact: Q4_0, MXFP4; converted: ",
                ggml_dequantizable_names(), ")"));
     if (options_.require_exact)
       fail(cat("tensor '", t.name, "' has type ", type->name,
-               ", which does not map exactly onto int4 (only Q4_0 does); allow the conversion "
-               "to requantize it"));
+               ", which w4a8moe does not take exactly (Q4_0 and MXFP4 it does; MXFP4 only with "
+               "gate and up both MXFP4); allow the conversion to requantize it"));
     kind_[i] = Kind::convert;
     conversions_[static_cast<size_t>(i)].exact = false;
   }
   info_.group_size = any_exact ? 32 : options_.group_size;
   if (any_exact && options_.group_size != 32 &&
-      !std::all_of(kind_, kind_ + 3, [](Kind k) { return k == Kind::exact_q4_0; }))
-    info_.notes.push_back(cat("group size 32 (Q4_0's blocks) instead of ", options_.group_size,
+      !std::all_of(kind_, kind_ + 3, [](Kind k) { return k != Kind::convert; }))
+    info_.notes.push_back(cat("group size 32 (the exact tensors' blocks) instead of ",
+                              options_.group_size,
                               " for the converted tensors, so w13 and w2 share it"));
   const int g = info_.group_size;
   if (!group_size_fits(g, H) || !group_size_fits(g, I))
@@ -357,6 +368,14 @@ void GgufLayer::choose_types() {
   info_.w13_scale_dtype =
       kind_[0] == Kind::exact_q4_0 && kind_[1] == Kind::exact_q4_0 ? DType::f16 : DType::f32;
   info_.w2_scale_dtype = kind_[2] == Kind::exact_q4_0 ? DType::f16 : DType::f32;
+  if (kind_[0] == Kind::exact_mxfp4) {  // the e8m0 exponents as they are
+    info_.w13_format = WeightFormat::mxfp4;
+    info_.w13_scale_dtype = DType::u8;
+  }
+  if (kind_[2] == Kind::exact_mxfp4) {
+    info_.w2_format = WeightFormat::mxfp4;
+    info_.w2_scale_dtype = DType::u8;
+  }
 }
 
 Router GgufLayer::router() const {
@@ -376,7 +395,26 @@ void GgufLayer::load_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scale
   const uint64_t row_bytes = t.row_bytes();
   const uint8_t* base =
       bytes(t).data() + static_cast<uint64_t>(e) * static_cast<uint64_t>(rows) * row_bytes;
-  if (kind_[which] == Kind::exact_q4_0) {
+  if (kind_[which] == Kind::exact_mxfp4) {
+    // block: u8 e (the e8m0 exponent, the packer's scale byte), then 16 bytes: element j in the
+    // low nibble of byte j, element j + 16 in the high nibble, as e2m1 codes; the slot wants
+    // element 2m low and 2m + 1 high
+    for (int64_t n = 0; n < rows; ++n) {
+      const uint8_t* src = base + static_cast<uint64_t>(n) * row_bytes;
+      uint8_t* dst = nibbles + n * (cols / 2);
+      for (int64_t b = 0; b < cols / 32; ++b) {
+        const uint8_t* blk = src + b * 17;
+        if (blk[0] == 255)
+          fail(cat("tensor '", t.name, "' expert ", e, " row ", n, " block ", b,
+                   ": e8m0 scale 255 is NaN (OCP MX), which no weight can be"));
+        scales[n * groups + b] = blk[0];
+        const uint8_t* qs = blk + 1;
+        const auto q = [&](int i) { return i < 16 ? (qs[i] & 0x0f) : (qs[i - 16] >> 4); };
+        for (int m = 0; m < 16; ++m)
+          dst[b * 16 + m] = static_cast<uint8_t>(q(2 * m) | (q(2 * m + 1) << 4));
+      }
+    }
+  } else if (kind_[which] == Kind::exact_q4_0) {
     // block: f16 d, then 16 bytes: element j in the low nibble of byte j, element j + 16 in the
     // high nibble, each stored as q = value + 8 -- exactly the nibble the packer takes.
     for (int64_t n = 0; n < rows; ++n) {

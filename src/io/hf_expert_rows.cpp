@@ -135,17 +135,25 @@ void HfLayer::load_fused_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* s
       gather_columns(matrix, dtype, cols, outs, fused_column(which, r0), step, count, strip.data());
       for (int64_t r = 0; r < count; ++r) convert(strip.data() + r * cols, r0 + r);
     }
+    add_conversion(which, stats);
   } else {
+    // MXFP4, exactly: a block's 16 bytes hold elements 2j (low nibble) and 2j + 1 (high), the
+    // order of the slot's nibbles, and its scale is the e8m0 exponent the packer takes
     const uint8_t* blocks = bytes(fused(which, "_blocks")).data();
     const uint8_t* block_scales = bytes(fused(which, "_scales")).data();
     const int64_t blocks_per_row = cols / 32;
     for (int64_t n = 0; n < rows; ++n) {
       const int64_t at = (e * outs + fused_column(which, n)) * blocks_per_row;
-      decode_mxfp4_row(blocks + at * 16, block_scales + at, cols, strip.data());
-      convert(strip.data(), n);
+      std::memcpy(nibbles + n * (cols / 2), blocks + at * 16, static_cast<size_t>(cols / 2));
+      for (int64_t b = 0; b < blocks_per_row; ++b) {
+        if (block_scales[at + b] == 255)
+          fail(cat("tensor '", fused(which, "_scales"), "' expert ", e, " row ",
+                   fused_column(which, n), " block ", b,
+                   ": e8m0 scale 255 is NaN (OCP MX), which no weight can be"));
+        scales[n * blocks_per_row + b] = block_scales[at + b];
+      }
     }
   }
-  add_conversion(which, stats);
   if (bias != nullptr) {
     const std::string name = fused(which, "_bias");
     const DType dtype = entry(name).dtype;

@@ -136,10 +136,9 @@ HfLayer::HfLayer(const std::string& folder, int layer, const LoadOptions& option
                safetensors_dtype_name(entry(gate0 + "weight").dtype),
                ", which does not map exactly onto int4; allow the conversion to quantize it"));
     }
-  } else if (options.require_exact) {
-    const std::string t = fused(0, scheme_ == HfScheme::fused_mxfp4 ? "_blocks" : "");
-    fail(cat("tensor '", t, "' is ",
-             scheme_ == HfScheme::fused_mxfp4 ? "MXFP4" : safetensors_dtype_name(entry(t).dtype),
+  } else if (options.require_exact && scheme_ == HfScheme::fused_float) {  // MXFP4 is exact
+    const std::string t = fused(0, "");
+    fail(cat("tensor '", t, "' is ", safetensors_dtype_name(entry(t).dtype),
              ", which does not map exactly onto int4; allow the conversion to quantize it"));
   }
 
@@ -325,12 +324,22 @@ void HfLayer::check_fused() {
   const char* const suffix = scheme_ == HfScheme::fused_mxfp4 ? "_blocks" : "";
   const char* const order = family_->fused == FusedGateUp::interleaved ? "interleaved" : "halves";
   conversions_.resize(3);
+  const bool mxfp4 = scheme_ == HfScheme::fused_mxfp4;  // taken exactly (WeightFormat::mxfp4)
   for (int i = 0; i < 3; ++i) {
     Conversion& c = conversions_[static_cast<size_t>(i)];
     c.tensor = i == 2 ? fused(2, suffix)
                       : cat(fused(0, suffix), " (", i == 0 ? "gate" : "up", ", ", order, ")");
     c.source = source;
-    c.exact = false;
+    c.exact = mxfp4;
+  }
+  if (mxfp4) {
+    if (options_.group_size != 32)
+      info_.notes.push_back(
+          cat("group size 32 (MXFP4's blocks, taken exactly) instead of ", options_.group_size));
+    info_.group_size = 32;
+    info_.w13_format = info_.w2_format = WeightFormat::mxfp4;
+    info_.w13_scale_dtype = info_.w2_scale_dtype = DType::u8;  // the e8m0 exponents
+    return;
   }
   info_.group_size = options_.group_size;
   info_.w13_scale_dtype = info_.w2_scale_dtype = DType::f32;

@@ -16,7 +16,9 @@ PackedLayer pack_layer(const LayerSource& source, int threads,
   ExpertChunk buffers(info, chunk);
   PackOptions options;
   options.group_size = info.group_size;
+  options.weight_format = info.w13_format;
   ExpertPacker p13(WeightRole::w13, count, options);
+  options.weight_format = info.w2_format;
   ExpertPacker p2(WeightRole::w2, count, options);
   for (int64_t done = 0; done < count; done += chunk) {
     const int64_t n = std::min(chunk, count - done), e0 = first + done;

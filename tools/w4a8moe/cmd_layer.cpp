@@ -54,11 +54,15 @@ std::string routing_text(const RoutingConfig& r, bool has_bias, bool has_selecti
   return s;
 }
 
-// Prints how a source's three weight tensors became int4.
+// Prints how a source's three weight tensors (gate, up, down) became int4 or mxfp4.
 void print_conversions(const io::LayerSource& source) {
-  for (const io::Conversion& c : source.conversions()) {
+  const std::vector<io::Conversion> conversions = source.conversions();
+  for (size_t i = 0; i < conversions.size(); ++i) {
+    const io::Conversion& c = conversions[i];
+    const WeightFormat format = i < 2 ? source.info().w13_format : source.info().w2_format;
     if (c.exact) {
-      std::printf("weights: %s: %s -> int4 exactly\n", c.tensor.c_str(), c.source.c_str());
+      std::printf("weights: %s: %s -> %s exactly\n", c.tensor.c_str(), c.source.c_str(),
+                  format == WeightFormat::mxfp4 ? "mxfp4" : "int4");
     } else {
       std::printf(
           "weights: %s: %s -> int4 g%d (converted): relative RMS error %.3e, max abs error "
