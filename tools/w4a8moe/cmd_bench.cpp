@@ -116,7 +116,8 @@ struct BenchLayer {
   bool from_file = false;  // --packed
   Preset preset{};
   int group = 0;
-  DType x_dtype = DType::f32, scale_dtype = DType::f32;
+  WeightFormat format = WeightFormat::int4_symmetric;
+  DType x_dtype = DType::f32, scale_dtype = DType::f32;  // stored scales (mxfp4: bf16)
   MoeParams params;
   bool check = false;        // against the reference: not with --packed (no unpacked weights)
   SyntheticLayer synthetic;  // without --packed: the logical weights
@@ -155,11 +156,12 @@ void check_counts(const BenchOptions& o) {
 void generate_and_pack(const BenchOptions& o, BenchLayer& b, const Parallel& parallel) {
   b.synthetic = [&] {
     Progress p("generating weights");
-    return make_layer(b.preset, b.group, b.scale_dtype, o.seed, &Progress::callback, &p);
+    return make_layer(b.preset, b.group, b.scale_dtype, o.seed, &Progress::callback, &p, b.format);
   }();
   const LogicalWeights lw = b.synthetic.view();
   PackOptions po;
   po.group_size = b.group;
+  po.weight_format = b.format;
   po.gate_up_layout = lw.gate_up_layout;
   po.experts = parallel.local_experts(b.preset.experts);
   Progress p("packing");
@@ -189,6 +191,12 @@ BenchLayer prepare_layer(const BenchOptions& o, const Parallel& parallel) {
   check_counts(o);
   b.x_dtype = parse_float_dtype(o.dtype, "--dtype");
   b.scale_dtype = b.from_file ? f.w13.scale_dtype : parse_float_dtype(o.scales, "--scales");
+  if (o.weights == "mxfp4") {
+    b.format = WeightFormat::mxfp4;
+    b.scale_dtype = DType::bf16;  // 2^(e - 128), as the packer stores it
+  } else if (o.weights != "int4") {
+    throw Error("--weights: expected int4 or mxfp4, got '" + o.weights + "'");
+  }
   b.check = o.check && !b.from_file;
   b.params.activation = b.preset.activation;
   b.params.apply_router_weight_on_input = b.preset.router_on_input;
@@ -207,13 +215,13 @@ void print_header(const BenchOptions& o, const BenchLayer& b, const Context& ctx
                   const std::string& kernel_set) {
   const Preset& p = b.preset;
   std::printf(
-      "w4a8moe bench: %s (H %lld, I %lld, E %lld, top-k %lld, %s%s), group %d, %s "
+      "w4a8moe bench: %s (H %lld, I %lld, E %lld, top-k %lld, %s%s), %s weights, group %d, %s "
       "scales, x %s, %lld tokens, %s routing, %d threads, kernel set %s\n",
       p.name, static_cast<long long>(p.hidden), static_cast<long long>(p.inter),
       static_cast<long long>(p.experts), static_cast<long long>(p.top_k),
-      activation_name(p.activation), p.router_on_input ? ", router weight on input" : "", b.group,
-      dtype_name(b.scale_dtype), dtype_name(b.x_dtype), static_cast<long long>(o.tokens),
-      o.routing.c_str(), ctx.threads(), kernel_set.c_str());
+      activation_name(p.activation), p.router_on_input ? ", router weight on input" : "",
+      weight_format_name(b.format), b.group, dtype_name(b.scale_dtype), dtype_name(b.x_dtype),
+      static_cast<long long>(o.tokens), o.routing.c_str(), ctx.threads(), kernel_set.c_str());
   std::printf("%s %.1f MB in %.2f s%s\n", b.from_file ? "loaded" : "packed",
               static_cast<double>(b.experts.w13.size() + b.experts.w2.size()) / 1e6, b.pack_s,
               b.from_file && !o.skip_checksum ? " (checksum verified)" : "");
@@ -323,6 +331,7 @@ void print_json(const BenchOptions& o, const BenchLayer& b, const Figures& f,
   j["group"] = b.group;
   j["dtype"] = dtype_name(b.x_dtype);
   j["scales"] = dtype_name(b.scale_dtype);
+  j["weights"] = weight_format_name(b.format);
   j["routing"] = o.routing;
   j["kernel_set"] = kernel_set;
   j["repeat"] = o.repeat;

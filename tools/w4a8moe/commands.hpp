@@ -28,6 +28,7 @@ struct BenchOptions {
   std::string dtype = "f32";
   std::string routing = "uniform";
   std::string scales = "bf16";
+  std::string weights = "int4";  // int4 or mxfp4 (group 32)
   int repeat = 10;
   bool json = false;
   bool check = true;

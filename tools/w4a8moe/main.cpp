@@ -54,6 +54,9 @@ CLI::App* add_bench(CLI::App& app, BenchOptions& o) {
   c->add_option("--group", o.group, "weight group size, -1 for channelwise")->capture_default_str();
   c->add_option("--dtype", o.dtype, "activation dtype: f32, bf16 or f16")->capture_default_str();
   c->add_option("--scales", o.scales, "scale dtype: f32, bf16 or f16")->capture_default_str();
+  c->add_option("--weights", o.weights,
+                "weight format: int4, or mxfp4 (e2m1 codes, e8m0 scales; group 32)")
+      ->capture_default_str();
   c->add_option("--routing", o.routing, "uniform or skewed (a few hot experts)")
       ->capture_default_str();
   c->add_option("--repeat", o.repeat, "timed runs; the median is reported")->capture_default_str();
@@ -65,7 +68,8 @@ CLI::App* add_bench(CLI::App& app, BenchOptions& o) {
                           "W.w4a8 (from `w4a8moe pack`): time its experts")
       ->excludes(c->get_option("--preset"))
       ->excludes(c->get_option("--group"))
-      ->excludes(c->get_option("--scales"));
+      ->excludes(c->get_option("--scales"))
+      ->excludes(c->get_option("--weights"));
   return c;
 }
 

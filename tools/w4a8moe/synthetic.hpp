@@ -24,16 +24,19 @@ const Preset& find_preset(const std::string& name);  // throws Error listing the
 struct SyntheticLayer {
   Preset preset;
   int group_size;
-  DType scale_dtype;
-  std::vector<uint8_t> w13, w2;  // [E, 2I, H/2], [E, H, I/2]
+  DType scale_dtype;  // mxfp4: u8 (the e8m0 exponents)
+  WeightFormat format = WeightFormat::int4_symmetric;
+  std::vector<uint8_t> w13, w2;  // [E, 2I, H/2], [E, H, I/2]: int4 nibbles or mxfp4 codes
   std::vector<uint8_t> s13, s2;  // raw scale bytes in scale_dtype
   std::vector<float> b13, b2;    // empty, or [E, 2I], [E, H]
   LogicalWeights view() const;   // views over the above
 };
 
 // progress(fraction) is called from the generating thread now and then.
+// format mxfp4: group_size 32, random codes and e8m0 exponents (scale_dtype is ignored: u8).
 SyntheticLayer make_layer(const Preset& preset, int group_size, DType scale_dtype, uint64_t seed,
-                          void (*progress)(double, void*), void* progress_ctx);
+                          void (*progress)(double, void*), void* progress_ctx,
+                          WeightFormat format = WeightFormat::int4_symmetric);
 
 struct Routing {
   std::vector<int32_t> ids;    // [T, K]
