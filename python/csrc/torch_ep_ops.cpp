@@ -165,7 +165,7 @@ std::tuple<Tensor, Tensor> pack_shard(const Tensor& w13_weight, const Tensor& w2
                        bool bias, const char* name) {
         return static_cast<int64_t>(w4a8moe::packed_size(role, w13_weight.size(0), rows, cols,
                                                          to_dtype(scale.scalar_type(), name), bias,
-                                                         options, name));
+                                                         with_format_of(options, scale), name));
       };
       const auto o = w13_weight.options().dtype(at::kByte);
       return std::make_tuple(at::empty({bytes(w4a8moe::WeightRole::w13, 2 * inter, hidden,
@@ -183,8 +183,9 @@ std::tuple<Tensor, Tensor> pack_shard(const Tensor& w13_weight, const Tensor& w2
       w4a8moe::TensorView v[6];
       for (int i = 0; i < 6; ++i)
         if (t[i].defined()) v[i] = view_of(t[i], names[i]);
-      Tensor p13 = to_tensor(w4a8moe::pack_w13(v[0], v[1], v[2], options));
-      w4a8moe::PackOptions w2_options = options;
+      Tensor p13 =
+          to_tensor(w4a8moe::pack_w13(v[0], v[1], v[2], with_format_of(options, w13_weight_scale)));
+      w4a8moe::PackOptions w2_options = with_format_of(options, w2_weight_scale);
       w2_options.gate_up_layout = w4a8moe::GateUpLayout::halves;
       Tensor p2 = to_tensor(w4a8moe::pack_w2(v[3], v[4], v[5], w2_options));
       return std::make_tuple(p13, p2);

@@ -49,6 +49,7 @@ using util::to_dtype;
 using util::to_tensor;
 using util::translate_errors;
 using util::view_of;
+using util::with_format_of;
 
 // ---------------------------------------------------------------------------------------------
 // The forward op
@@ -332,8 +333,9 @@ std::tuple<Tensor, Tensor> pack_on_cpu(const PackArgs& a) {
   const auto w2 = view(a.w2_weight, "w2_weight");
   const auto s2 = view(a.w2_weight_scale, "w2_weight_scale");
   const auto b2 = optional_view(a.w2_bias, "w2_bias");
-  Tensor p13 = to_tensor(w4a8moe::pack_w13(w13, s13, b13, a.options));
-  w4a8moe::PackOptions w2_options = a.options;
+  Tensor p13 =
+      to_tensor(w4a8moe::pack_w13(w13, s13, b13, with_format_of(a.options, a.w13_weight_scale)));
+  w4a8moe::PackOptions w2_options = with_format_of(a.options, a.w2_weight_scale);
   w2_options.gate_up_layout = w4a8moe::GateUpLayout::halves;
   Tensor p2 = to_tensor(w4a8moe::pack_w2(w2, s2, b2, w2_options));
   return std::make_tuple(p13, p2);
@@ -346,8 +348,8 @@ std::tuple<Tensor, Tensor> packed_sizes(const PackArgs& a) {
                    const c10::optional<Tensor>& bias, const char* name) {
     const DType given = to_dtype(scale.scalar_type(), name);
     const bool has_bias = bias.has_value() && bias->defined();
-    return static_cast<int64_t>(
-        w4a8moe::packed_size(role, s.experts, rows, cols, given, has_bias, a.options, name));
+    return static_cast<int64_t>(w4a8moe::packed_size(role, s.experts, rows, cols, given, has_bias,
+                                                     with_format_of(a.options, scale), name));
   };
   const auto o = a.w13_weight.options().dtype(at::kByte);
   return std::make_tuple(at::empty({bytes(w4a8moe::WeightRole::w13, 2 * s.inter, s.hidden,

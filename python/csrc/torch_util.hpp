@@ -40,6 +40,15 @@ inline w4a8moe::DType to_dtype(at::ScalarType t, const char* name) {
   TORCH_CHECK(false, name, ": dtype ", t, " is not supported");
 }
 
+// Pack options for one role, the weight format read off its scales' dtype: uint8 scales are
+// MXFP4's e8m0 exponents (its weights then uint8 e2m1 codes, group 32, as vLLM's and gpt-oss's
+// MXFP4 layers hold them), float scales int4's (docs/pytorch.md).
+inline w4a8moe::PackOptions with_format_of(w4a8moe::PackOptions options, const Tensor& scale) {
+  options.weight_format = scale.scalar_type() == at::kByte ? w4a8moe::WeightFormat::mxfp4
+                                                           : w4a8moe::WeightFormat::int4_symmetric;
+  return options;
+}
+
 inline void require_cpu(const Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), name, ": expected a CPU tensor, got one on ", t.device());
 }

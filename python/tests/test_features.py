@@ -3,6 +3,7 @@
 with a negative check that the tolerance tells the feature apart from its absence."""
 
 import contextlib
+import math
 import multiprocessing
 import os
 import threading
@@ -325,3 +326,62 @@ def result_in_forked_child(tensors):
     child.join(timeout=60)
     assert child.exitcode == 0
     return got
+
+
+# MXFP4 (gpt-oss's experts): uint8 scales are e8m0 exponents and the weights e2m1 codes; the op
+# packs them exactly. The reference gets their meaning as integers 2 * e2m1 with float scales
+# 2^(e - 128), written here from the OCP definition.
+E2M1_DOUBLED = torch.tensor([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12],
+                            dtype=torch.int8)
+
+
+def mxfp4_tensors(experts, rows, cols, gain, gen):
+    codes = torch.randint(0, 256, (experts, rows, cols // 2), dtype=torch.uint8, generator=gen)
+    values = torch.stack((E2M1_DOUBLED[(codes & 15).long()], E2M1_DOUBLED[(codes >> 4).long()]),
+                         dim=-1).flatten(-2)
+    # the power of two nearest a scale that makes the dot products of order one
+    target = (0.5 + torch.rand(experts, rows, cols // 32, generator=gen)) * gain / (
+        5.9 * math.sqrt(cols))
+    exponents = (torch.log2(target).round() + 128).to(torch.uint8)
+    return codes, exponents, values, torch.pow(2.0, exponents.double() - 128).float()
+
+
+@pytest.mark.parametrize("layout", ["halves", "interleaved"])
+def test_mxfp4_weights_match_the_reference(layout):
+    gen = torch.Generator().manual_seed(7)
+    E, I, H = 8, 64, 128
+    c13, e13, v13, s13 = mxfp4_tensors(E, 2 * I, H, 1.5, gen)
+    c2, e2, v2, s2 = mxfp4_tensors(E, H, I, 1.0, gen)
+    b13, b2 = 0.3 * torch.randn(E, 2 * I, generator=gen), 0.3 * torch.randn(E, H, generator=gen)
+    x, ids, wts = make_inputs(24, H, E, 2, 3)
+    p13, p2 = w4a8moe.pack(c13, c2, e13, e2, 32, b13, b2, gate_up_layout=layout)
+    assert w4a8moe.packed_info(p13).scale_dtype == "bf16"
+    out = w4a8moe.moe(x, ids, wts, p13, p2, activation="swigluoai")
+    ref = w4a8moe.reference_moe(x, ids, wts, v13, v2, s13, s2, 32, b13, b2,
+                                activation="swigluoai", gate_up_layout=layout)
+    assert_matches(out, ref, f"mxfp4 {layout}")
+    # read as int4 nibbles with the same scales, they would mean something else
+    wrong = w4a8moe.reference_moe(x, ids, wts, c13, c2, s13, s2, 32, b13, b2,
+                                  activation="swigluoai", gate_up_layout=layout)
+    assert_differs(out, wrong, "mxfp4 read as int4")
+    # the meta kernel gives the packed sizes from shapes and dtypes alone
+    meta = [t.to("meta") for t in (c13, c2, e13, e2)]
+    f13, f2 = torch.ops.w4a8moe.convert_to_w4a8_int8_moe_format_ex(
+        *meta, 32, b13.to("meta"), b2.to("meta"), layout, "as_given", "")
+    assert (f13.shape, f2.shape) == (p13.shape, p2.shape)
+
+
+def test_mxfp4_refusals_name_the_argument():
+    gen = torch.Generator().manual_seed(8)
+    c13, e13, _, _ = mxfp4_tensors(2, 64, 64, 1.0, gen)
+    c2, e2, _, _ = mxfp4_tensors(2, 64, 32, 1.0, gen)
+    bad = e2.clone()
+    bad[1, 3, 0] = 255
+    with pytest.raises(RuntimeError, match=r"w2_scale: expected e8m0 exponents in \[0, 254\], "
+                                           r"got 255 \(NaN\) at \[1, 3, 0\]"):
+        w4a8moe.pack(c13, c2, e13, bad, 32)
+    with pytest.raises(RuntimeError, match="group_size: expected 32 for mxfp4 weights"):
+        w4a8moe.pack(c13, c2, e13, e2, 64)
+    with pytest.raises(RuntimeError, match=r"w13: expected dtype u8 \(mxfp4 e2m1 codes"):
+        w4a8moe.pack(torch.zeros(2, 64, 64, dtype=torch.int8),
+                     torch.zeros(2, 64, 32, dtype=torch.int8), e13, e2, 32)

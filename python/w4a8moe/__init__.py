@@ -116,6 +116,8 @@ def pack(
     w13 [E, 2I, H] and w2 [E, H, I]: int4 values as int8 in [-8, 7], or nibble-packed uint8
     with half the last dimension. Scales [E, N, K/g] (or [E, N] / [E, N, 1] when group_size is
     -1) in float32, bfloat16 or float16; optional biases [E, 2I] and [E, H].
+    MXFP4 (gpt-oss): uint8 scales [E, N, K/32] are e8m0 exponents, and the weights of that
+    role then uint8 e2m1 codes (element 2j in the low nibble), group_size 32; packed exactly.
     gate_up_layout: "halves" (rows [0, I) gate, [I, 2I) up) or "interleaved" (gpt-oss).
     scale_storage: "as_given" (lossless) or "bf16" (rounds scales to bfloat16).
     kernel_set: the kernel set to pack for; "" is the one forward() uses on this CPU.
