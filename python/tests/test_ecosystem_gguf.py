@@ -10,6 +10,9 @@ the library's GGUF reader.
   `w4a8moe layer`: routing as the model's, Q4_0 read exactly (against the exact reference over
   the int4 values decoded here from the file's blocks), and within the int8-activation error of
   the float experts on gguf's dequantized weights.
+- The same layer with every expert tensor MXFP4 (as gpt-oss GGUFs hold them), quantized by gguf,
+  run with `--exact`: the output is the exact reference's over gguf's own dequantization of the
+  blocks (the doubled e2m1 integers and the scales 2^(e - 128)).
 """
 
 import numpy as np
@@ -190,3 +193,45 @@ def test_qwen3moe_layer_written_by_gguf(tmp_path):
     exact = w4a8moe.reference_moe(x, ids4, wts4, torch.cat([g, u], 1), d, torch.cat([gs, us], 1),
                                   ds, 32)
     assert_matches(out4, exact, "all-Q4_0 layer against the exact reference")
+
+
+def mxfp4_values_and_scales(q, rows_shape, cols):
+    """gguf's MXFP4 blocks -> (2 * e2m1 as int8 [..., cols], scales 2^(e - 128) [..., cols/32]):
+    the values from gguf's own dequantization, divided by the scale whose exponent is each
+    block's first byte (ggml's block: u8 e, then 16 bytes of codes)."""
+    e = q.reshape(-1, cols // 32, 17)[..., 0].astype(np.float64)
+    scales = np.exp2(e - 128)
+    values = quants.dequantize(q, Q.MXFP4).astype(np.float64).reshape(-1, cols // 32, 32)
+    doubled = values / scales[..., None]
+    assert np.array_equal(doubled, np.round(doubled)) and np.abs(doubled).max() <= 12
+    return (torch.from_numpy(doubled.astype(np.int8).reshape(*rows_shape, cols)),
+            torch.from_numpy(scales.astype(np.float32).reshape(*rows_shape, cols // 32)))
+
+
+def test_mxfp4_layer_written_by_gguf_runs_exactly(tmp_path):
+    # gpt-oss GGUFs hold their experts in MXFP4: gguf quantizes them here, `layer --exact` takes
+    # them as mxfp4, and the output is the exact reference's over gguf's own decoding of them.
+    E, K, H, I, T = 8, 2, 256, 128, 24
+    rng = np.random.default_rng(12)
+    router = (rng.standard_normal((E, H)) / np.sqrt(H)).astype(np.float32)
+    gate = (rng.standard_normal((E, I, H)) * 1.5 / np.sqrt(H)).astype(np.float32)
+    up = (rng.standard_normal((E, I, H)) * 1.5 / np.sqrt(H)).astype(np.float32)
+    down = (rng.standard_normal((E, H, I)) / np.sqrt(I)).astype(np.float32)
+    q = {n: quants.quantize(w, Q.MXFP4) for n, w in (("gate", gate), ("up", up), ("down", down))}
+    path = tmp_path / "mxfp4.gguf"
+    write_gguf(path, "qwen3moe", {
+        "blk.0.ffn_gate_inp.weight": (router, None),
+        "blk.0.ffn_gate_exps.weight": (q["gate"], Q.MXFP4),
+        "blk.0.ffn_up_exps.weight": (q["up"], Q.MXFP4),
+        "blk.0.ffn_down_exps.weight": (q["down"], Q.MXFP4),
+    }, kv=[("add_block_count", 1), ("add_expert_count", E), ("add_expert_used_count", K),
+           ("add_embedding_length", H), ("add_expert_feed_forward_length", I)])
+    x = torch.from_numpy(rng.standard_normal((T, H)).astype(np.float32))
+    out, ids, wts, stdout = run_layer(path, x, tmp_path, "--exact")
+    assert "MXFP4 -> mxfp4 exactly" in stdout, stdout
+    g, gs = mxfp4_values_and_scales(q["gate"], (E, I), H)
+    u, us = mxfp4_values_and_scales(q["up"], (E, I), H)
+    d, ds = mxfp4_values_and_scales(q["down"], (E, H), I)
+    exact = w4a8moe.reference_moe(x, ids, wts, torch.cat([g, u], 1), d, torch.cat([gs, us], 1),
+                                  ds, 32)
+    assert_matches(out, exact, "all-MXFP4 layer against the exact reference")
