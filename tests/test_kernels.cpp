@@ -18,6 +18,7 @@
 #include <bit>
 
 #include "kernels/x86_amx/amx_kernels.hpp"
+#include "kernels/x86_avx512vnni/avx512vnni_kernels.hpp"
 #endif
 #include "pack/packed_format.hpp"
 #include "registry.hpp"
@@ -77,7 +78,7 @@ struct QRowBuffer {
 };
 
 QRowBuffer quantize(const KernelSet& set, const std::vector<float>& a, int64_t cols_padded,
-                    int64_t group_len) {
+                    int64_t group_len, int32_t group_term_offset = 8) {
   QRowBuffer b;
   b.storage.assign(static_cast<size_t>(cols_padded / 4 + cols_padded / group_len + 16), 0);
   detail::QuantizeArgs q;
@@ -85,6 +86,7 @@ QRowBuffer quantize(const KernelSet& set, const std::vector<float>& a, int64_t c
   q.cols = static_cast<int64_t>(a.size());
   q.cols_padded = cols_padded;
   q.group_len = group_len;
+  q.group_term_offset = group_term_offset;
   q.dst = b.storage.data();
   q.row = &b.row;
   set.quantize(q);
@@ -459,8 +461,7 @@ PackedWeights pack_mxfp4(const Mxfp4Weights& m, int64_t rows, int64_t cols, cons
   po.kernel_set = set.name;
   const TensorView wv = TensorView::of(m.codes.data(), DType::u8, {1, rows, cols / 2});
   const TensorView sv = TensorView::of(m.exponents.data(), DType::u8, {1, rows, cols / 32});
-  const TensorView bv =
-      bias ? TensorView::of(bias->data(), DType::f32, {1, rows}) : TensorView{};
+  const TensorView bv = bias ? TensorView::of(bias->data(), DType::f32, {1, rows}) : TensorView{};
   return w13 ? pack_w13(wv, sv, bv, po) : pack_w2(wv, sv, bv, po);
 }
 
@@ -472,8 +473,6 @@ TEST(Mxfp4, TheKernelTablesAreTheOcpValues) {
     EXPECT_EQ(detail::kMxfp4Doubled[c], want[c]);
     EXPECT_EQ(int{detail::kMxfp4Unsigned[c]}, want[c] + detail::kMxfp4Offset);
   }
-  EXPECT_EQ(detail::mxfp4_group_start(-8 * 100), -12 * 100);
-  EXPECT_EQ(detail::mxfp4_group_start(8 * 77), 12 * 77);
 }
 
 TEST_P(KernelGemm, Mxfp4MatchesTheFormulaAroundTileEdges) {
@@ -481,9 +480,11 @@ TEST_P(KernelGemm, Mxfp4MatchesTheFormulaAroundTileEdges) {
   std::uniform_int_distribution<int> ci(0, 15), ei(122, 130);
   std::uniform_real_distribution<float> bd(-0.5f, 0.5f);
   const KernelSet* set = GetParam();
-  for (const GemmCase& c : std::vector<GemmCase>{
-           {1, 32, 32, false}, {9, 64, 32, false}, {40, 2048, 32, false}, {6, 64, 32, true},
-           {200, 96, 32, true}}) {
+  for (const GemmCase& c : std::vector<GemmCase>{{1, 32, 32, false},
+                                                 {9, 64, 32, false},
+                                                 {40, 2048, 32, false},
+                                                 {6, 64, 32, true},
+                                                 {200, 96, 32, true}}) {
     SCOPED_TRACE(std::string(set->name) + " rows " + std::to_string(c.rows) + " cols " +
                  std::to_string(c.cols) + (c.w13 ? " w13" : " w2"));
     const Mxfp4Weights mw = mxfp4_weights(
@@ -500,7 +501,7 @@ TEST_P(KernelGemm, Mxfp4MatchesTheFormulaAroundTileEdges) {
       std::vector<QuantRow> a;
       for (int64_t r = 0; r < m; ++r)
         rows.push_back(quantize(*set, random_row(rng, c.cols, static_cast<int>(r % 6)),
-                                g.cols_padded, g.group_len));
+                                g.cols_padded, g.group_len, g.group_term_offset()));
       for (auto& r : rows) a.push_back(r.row);
       for (int64_t part = 0; part < g.parts; ++part)
         for (int64_t j0 = 0; j0 < g.part_rows; j0 += g.block_rows) {
@@ -558,12 +559,12 @@ TEST_P(KernelGemm, Mxfp4IntegerSumsAreExactAtTheExtremes) {
     QuantRow row;
     row.data = q;
     row.zp = r % 3 == 0 ? 0 : (r % 3 == 1 ? -128 : 127);
-    if (set->group_terms) {  // the quantizers' terms: -8 * SUM q per group
+    if (set->group_terms) {  // the quantizers' terms for mxfp4: -12 * SUM q per group
       auto* terms = reinterpret_cast<int32_t*>(q + g.cols_padded);
       for (int64_t b = 0; b < g.groups; ++b) {
         int32_t sum = 0;
         for (int64_t k = b * 32; k < (b + 1) * 32; ++k) sum += q[k];
-        terms[b] = -8 * sum;
+        terms[b] = -12 * sum;
       }
       row.group_terms = terms;
     }
@@ -590,6 +591,43 @@ TEST_P(KernelGemm, Mxfp4IntegerSumsAreExactAtTheExtremes) {
 }  // namespace
 
 #if defined(__x86_64__)
+// The avx512vnni set's two MXFP4 paths (the one gemm_qa8_qu4p16k8 takes on CPUs with VBMI, and
+// the other) give the same bits at every call size: the same exact sums, scaled the same way.
+TEST(Mxfp4Avx512vnni, ShuffleAndPermutePathsGiveTheSameBits) {
+  const CpuFeatures& f = cpu_features();
+  if (!f.avx512vnni || !f.avx512bw || !f.avx512vbmi)
+    GTEST_SKIP() << "needs AVX-512 VNNI and VBMI: " << f.summary();
+  const KernelSet& zmm = detail::set_by_name("avx512vnni", "test");
+  std::mt19937 rng(31);
+  std::uniform_int_distribution<int> ci(0, 15), ei(120, 130);
+  const int64_t rows = 72, cols = 512;
+  std::vector<float> bias(static_cast<size_t>(rows), 0.25f);
+  const PackedWeights packed = pack_mxfp4(
+      mxfp4_weights(
+          rows, cols, [&](int64_t) { return ci(rng); }, [&](int64_t) { return ei(rng); }),
+      rows, cols, zmm, true, &bias);
+  const detail::Geometry g = detail::read_geometry(packed.bytes(), "test");
+  std::vector<QRowBuffer> buffers;
+  std::vector<QuantRow> a;
+  for (int64_t r = 0; r < zmm.tile_m; ++r)
+    buffers.push_back(quantize(zmm, random_row(rng, cols, static_cast<int>(r % 6)), g.cols_padded,
+                               g.group_len, g.group_term_offset()));
+  for (auto& b : buffers) a.push_back(b.row);
+  const int64_t width = 80;
+  for (int64_t m = 1; m <= zmm.tile_m; ++m) {
+    std::vector<float> shuffle(static_cast<size_t>(m * width), NAN), permute = shuffle;
+    detail::avx512vnni::gemm_mxfp4_shuffle(
+        gemm_args(packed, g, a.data(), m, 0, rows, shuffle.data(), width));
+    detail::avx512vnni::gemm_mxfp4_vbmi(
+        gemm_args(packed, g, a.data(), m, 0, rows, permute.data(), width));
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t n = 0; n < rows; ++n)
+        ASSERT_EQ(std::bit_cast<uint32_t>(shuffle[static_cast<size_t>(r * width + n)]),
+                  std::bit_cast<uint32_t>(permute[static_cast<size_t>(r * width + n)]))
+            << "m " << m << " row " << r << " output " << n;
+  }
+}
+
 // The AMX tile GEMM on both backends (the instructions where the CPU has them, the software model
 // of the tiles on any CPU with AVX-512 VBMI) against the avx512vnni GEMM, bit for bit: the amx
 // set switches between the two by rows per call, so they must agree exactly, at every call size,
@@ -650,7 +688,7 @@ void check_tile_gemm(detail::GemmFn tiles, const char* backend) {
     const int64_t rows = detail::kAmxTileM;
     for (int64_t r = 0; r < rows; ++r)
       buffers.push_back(quantize(zmm, random_row(rng, sh.cols, static_cast<int>(r % 6)),
-                                 g.cols_padded, g.group_len));
+                                 g.cols_padded, g.group_len, g.group_term_offset()));
     for (auto& b : buffers) a.push_back(b.row);
     const int64_t width = (sh.rows + 15) / 16 * 16;
     // the zmm reference: one row per call

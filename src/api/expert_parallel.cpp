@@ -313,7 +313,8 @@ void Dispatch::pack(Context& context, const TensorView& x, const TensorView& top
     auto* q = reinterpret_cast<uint8_t*>(row + row_floats);
     QuantRow qr;
     auto quantize = [&](int64_t t, float w) {
-      quantize_input_row(set, x, t, on_input, w, row, padded, padded, q, &qr);
+      // one group: the receiver stages the rows and writes their group terms (stage_row)
+      quantize_input_row(set, x, t, on_input, w, row, padded, padded, 8, q, &qr);
     };
     for (int64_t t = tid; t < T; t += pool.size()) {
       const int64_t r0 = token_records_begin_[static_cast<size_t>(t)];

@@ -310,7 +310,7 @@ class Worker {
   }
 
   // Row r of the staged input into the kernel set's row format: the int8 values, the padding
-  // as the zero point, and the group terms (-8 * SUM q per group) when the set reads them, as
+  // as the zero point, and the group terms (-offset * SUM q per group) when the set reads them, as
   // its quantizer writes them.
   void stage_row(int64_t r, uint8_t* dst, QuantRow* row) const {
     const StagedRows& st = *p_.staged;
@@ -329,7 +329,7 @@ class Worker {
       for (int64_t b = 0; b < padded / len; ++b) {
         int32_t sum = 0;
         for (int64_t k = b * len; k < (b + 1) * len; ++k) sum += v[k];
-        terms[b] = -8 * sum;
+        terms[b] = -p_.w13->group_term_offset() * sum;
       }
       q.group_terms = terms;
     }
@@ -368,7 +368,8 @@ class Worker {
       }
       const int64_t t = on_input ? r / K : r;
       quantize_input_row(*p_.set, *p_.x, t0 + t, on_input, on_input ? router_weight(t0, r) : 1.0f,
-                         row, p_.w13->cols_padded, p_.w13->group_len, dst, &s_.qx_rows[r]);
+                         row, p_.w13->cols_padded, p_.w13->group_len, p_.w13->group_term_offset(),
+                         dst, &s_.qx_rows[r]);
     }
   }
 
@@ -467,6 +468,7 @@ class Worker {
                         .cols = p_.s.inter,
                         .cols_padded = p_.w2->cols_padded,
                         .group_len = p_.w2->group_len,
+                        .group_term_offset = p_.w2->group_term_offset(),
                         .dst = s_.qm + r * s_.qm_stride,
                         .row = &s_.qm_rows[r]});
     }
@@ -548,8 +550,8 @@ void forward(Context& context, const TensorView& x, const TensorView& topk_ids,
 namespace detail {
 
 void quantize_input_row(const KernelSet& set, const TensorView& x, int64_t t, bool weighted,
-                        float weight, float* row, int64_t cols_padded, int64_t group_len, void* dst,
-                        QuantRow* out) {
+                        float weight, float* row, int64_t cols_padded, int64_t group_len,
+                        int32_t group_term_offset, void* dst, QuantRow* out) {
   const int64_t H = x.shape[1], base = t * x.stride();
   if (x.dtype == DType::f32 && !weighted) {
     std::memcpy(row, static_cast<const uint8_t*>(x.data) + base * 4, static_cast<size_t>(H) * 4);
@@ -560,6 +562,7 @@ void quantize_input_row(const KernelSet& set, const TensorView& x, int64_t t, bo
                 .cols = H,
                 .cols_padded = cols_padded,
                 .group_len = group_len,
+                .group_term_offset = group_term_offset,
                 .dst = dst,
                 .row = out});
 }

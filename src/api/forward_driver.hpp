@@ -56,11 +56,12 @@ inline void set_weights(ForwardJob& job, const Geometry& w13, const Geometry& w2
 }
 
 // Row t of x, times `weight` when `weighted` (the router weight on the input), quantized by
-// `set` into dst (cols_padded bytes, then the group terms if the set writes them): the one
-// quantization of an input row, whether forward() or a dispatching process does it.
+// `set` into dst (cols_padded bytes, then the group terms for weights of offset
+// group_term_offset if the set writes them): the one quantization of an input row, whether
+// forward() or a dispatching process does it.
 void quantize_input_row(const KernelSet& set, const TensorView& x, int64_t t, bool weighted,
-                        float weight, float* row, int64_t cols_padded, int64_t group_len, void* dst,
-                        QuantRow* out);
+                        float weight, float* row, int64_t cols_padded, int64_t group_len,
+                        int32_t group_term_offset, void* dst, QuantRow* out);
 
 // forward() and forward_local(): the checks (ids name rules.id_experts experts when set), then
 // the run. local_of as ForwardJob::local_of; `local_experts` (-1: any) must be the packed count.

@@ -102,8 +102,10 @@ struct Matrix {  // one role's logical weights
       if (format == WeightFormat::mxfp4) {  // e8m0: 2^(e - 127), 255 is NaN
         const int exponent = static_cast<const uint8_t*>(scale->data)[index];
         if (exponent == 255)
-          throw Error(detail::cat("weight scales: expected e8m0 exponents in [0, 254], got 255 "
-                                  "(NaN) at [", e, ", ", n, ", ", b, "]"));
+          throw Error(
+              detail::cat("weight scales: expected e8m0 exponents in [0, 254], got 255 "
+                          "(NaN) at [",
+                          e, ", ", n, ", ", b, "]"));
         s = std::ldexp(1.0, exponent - 127);
       } else {
         s = static_cast<double>(load_float(scale->data, scale->dtype, index));

@@ -21,8 +21,10 @@ struct QuantRow {
   const void* data = nullptr;
   float recip = 1.0f;
   int32_t zp = 0;
-  // Sets reading offset nibbles (w + 8): -8 * SUM_{k in b} q[k] per scale group b, so that a
-  // group's dot product of (w + 8) and q, started from this value, is SUM w * q. Else null.
+  // Sets reading offset weights (int4: w + 8; mxfp4: 2 * e2m1 + 12): -offset * SUM_{k in b} q[k]
+  // per scale group b (QuantizeArgs::group_term_offset, the offset of the weights the row
+  // meets), so that a group's dot product of the offset weights and q, started from this value,
+  // is SUM w * q. Else null.
   // Every quantizer writes them right after the row's cols_padded bytes (group_terms ==
   // data + cols_padded): kernels may address them from `data` (debug-checked).
   const int32_t* group_terms = nullptr;
@@ -31,10 +33,11 @@ struct QuantRow {
 struct QuantizeArgs {
   const float* src = nullptr;  // `cols` f32 values
   int64_t cols = 0;
-  int64_t cols_padded = 0;  // multiple of kBlock; the tail is written as the zero point
-  int64_t group_len = 0;    // scale group length (cols_padded when channelwise)
-  void* dst = nullptr;      // cols_padded bytes, then (if the set wants them) the group terms
-  QuantRow* row = nullptr;  // receives recip, zp, data (= dst) and group_terms
+  int64_t cols_padded = 0;        // multiple of kBlock; the tail is written as the zero point
+  int64_t group_len = 0;          // scale group length (cols_padded when channelwise)
+  int32_t group_term_offset = 8;  // of the weights the row is for (group_term_offset(Geometry))
+  void* dst = nullptr;            // cols_padded bytes, then (if the set wants them) the group terms
+  QuantRow* row = nullptr;        // receives recip, zp, data (= dst) and group_terms
 };
 
 // n rows in ceil(n / tile) tiles whose sizes differ by at most one: 20 rows with tile 16 make

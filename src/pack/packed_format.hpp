@@ -45,17 +45,13 @@ inline constexpr int64_t kMaxCols = int64_t{1} << 16;
 // MXFP4: 2 * e2m1(code) for each 4-bit code (bit 3 the sign), an integer in [-12, 12].
 inline constexpr int8_t kMxfp4Doubled[16] = {0, 1,  2,  3,  4,  6,  8,  12,
                                              0, -1, -2, -3, -4, -6, -8, -12};
-// The offset that makes them unsigned for the kernels that read offset nibbles (int4: 8), and
-// so the factor of the quantizer's group term -8 * SUM q they start a group from: start =
-// term / 8 * kMxfp4Offset, exact since the term is a multiple of 8.
+// The offset that makes them unsigned for the kernels that read offset weights (int4: 8).
 inline constexpr int32_t kMxfp4Offset = 12;
-constexpr int32_t mxfp4_group_start(int32_t term) noexcept { return term / 8 * kMxfp4Offset; }
 // 2 * e2m1(code) + kMxfp4Offset for each code, in [0, 24]: the u8 weights of those kernels.
 alignas(16) inline constexpr uint8_t kMxfp4Unsigned[16] = {12, 13, 14, 15, 16, 18, 20, 24,
                                                            12, 11, 10, 9,  8,  6,  4,  0};
 // Rows of each w13 part per block of the stored order (a multiple of every panel height).
 inline constexpr int64_t kBlockRows = 64;
-
 
 enum class LayoutId : uint32_t {
   // Row-major rows of 32-element blocks; block byte i holds element i (low nibble) and element
@@ -140,6 +136,11 @@ struct Geometry {
   size_t total_bytes = 0;
 
   bool channelwise() const noexcept { return group_size < 0; }
+  // The offset of the unsigned weights the kernels of offset layouts multiply: the quantizer's
+  // group terms for rows meeting these weights are -offset * SUM q (QuantRow::group_terms).
+  int32_t group_term_offset() const noexcept {
+    return weight_format == WeightFormat::mxfp4 ? kMxfp4Offset : 8;
+  }
   // Rows of part `part` in the block that starts at part row b0 (a multiple of block_rows).
   int64_t block_len(int64_t b0) const noexcept {
     return b0 + block_rows <= part_rows_padded ? block_rows : part_rows_padded - b0;

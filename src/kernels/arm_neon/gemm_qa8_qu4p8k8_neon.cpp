@@ -46,7 +46,7 @@ void tile(const GemmArgs& args, int64_t n0) {
   zero_sums<M, NP>(sum, facc);
 
   for (int64_t b = 0; b < g.groups; ++b) {
-    start_group<M, NP, kMxfp4>(args, b, sum);
+    start_group<M, NP>(args, b, sum);
     for (int64_t k0 = b * g.group_len; k0 < (b + 1) * g.group_len; k0 += 32) {
       int16x8_t acc[M][NP][4];  // rows 0-1, 2-3, 4-5, 6-7
       for (int m = 0; m < M; ++m)

@@ -44,13 +44,6 @@ inline int8x16_t weights_of(uint8x16_t nibbles) {
     return vreinterpretq_s8_u8(nibbles);
 }
 
-// The sum a scale group starts from, from the quantizer's term -8 * SUM q: the term itself for
-// int4, 12 * -SUM q for mxfp4.
-template <bool kMxfp4>
-inline int32_t group_start(int32_t term) {
-  return kMxfp4 ? mxfp4_group_start(term) : term;
-}
-
 // The 64 bytes of nibbles at wc as s8 weights: byte 16 * i + j's low nibble in lane j of lo[i],
 // its high nibble in lane j of hi[i].
 template <bool kMxfp4>
@@ -91,10 +84,10 @@ inline void zero_sums(int32x4_t (&sum)[M][NP][2], float32x4_t (&facc)[M][NP][2])
 }
 
 // Before scale group b: each row's int32 sums start at its group term.
-template <int M, int NP, bool kMxfp4>
+template <int M, int NP>
 inline void start_group(const GemmArgs& args, int64_t b, int32x4_t (&sum)[M][NP][2]) {
   for (int m = 0; m < M; ++m) {
-    const int32x4_t term = vdupq_n_s32(group_start<kMxfp4>(args.a[m].group_terms[b]));
+    const int32x4_t term = vdupq_n_s32(args.a[m].group_terms[b]);
     for (int p = 0; p < NP; ++p) sum[m][p][0] = sum[m][p][1] = term;
   }
 }

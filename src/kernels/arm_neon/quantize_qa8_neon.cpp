@@ -72,7 +72,7 @@ void quantize_qa8(const QuantizeArgs& args) {
       vst1q_s8(q + k, v);
       sum = vpadalq_s16(sum, vpaddlq_s8(v));
     }
-    terms[b] = -8 * vaddvq_s32(sum);
+    terms[b] = -args.group_term_offset * vaddvq_s32(sum);
   }
   publish_row(args, q, p, terms);
 }

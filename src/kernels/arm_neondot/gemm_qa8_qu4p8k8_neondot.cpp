@@ -38,7 +38,7 @@ void tile(const GemmArgs& args, int64_t n0) {
   zero_sums<M, NP>(sum, facc);
 
   for (int64_t b = 0; b < g.groups; ++b) {
-    start_group<M, NP, kMxfp4>(args, b, sum);
+    start_group<M, NP>(args, b, sum);
     for (int64_t k = b * g.group_len; k < (b + 1) * g.group_len; k += 16) {
       int8x16_t a[M];
       for (int m = 0; m < M; ++m) a[m] = vld1q_s8(q[m] + k);

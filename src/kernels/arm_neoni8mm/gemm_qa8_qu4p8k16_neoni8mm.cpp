@@ -74,7 +74,7 @@ void tile_row(const GemmArgs& args, int64_t n0) {
         }
       }
     }
-    const int32x4_t term = vdupq_n_s32(group_start<kMxfp4>(a.group_terms[b]));
+    const int32x4_t term = vdupq_n_s32(a.group_terms[b]);
     for (int p = 0; p < NP; ++p) {
       sum[p][0] = vaddq_s32(vpaddq_s32(acc[p][0], acc[p][1]), term);
       sum[p][1] = vaddq_s32(vpaddq_s32(acc[p][2], acc[p][3]), term);
@@ -128,9 +128,8 @@ void tile_pairs(const GemmArgs& args, int64_t n0) {
     }
   for (int64_t b = 0; b < g.groups; ++b) {
     for (int i = 0; i < MP; ++i) {
-      const int32x4_t term =
-          vcombine_s32(vdup_n_s32(group_start<kMxfp4>(rows[2 * i]->group_terms[b])),
-                       vdup_n_s32(group_start<kMxfp4>(rows[2 * i + 1]->group_terms[b])));
+      const int32x4_t term = vcombine_s32(vdup_n_s32(rows[2 * i]->group_terms[b]),
+                                          vdup_n_s32(rows[2 * i + 1]->group_terms[b]));
       for (int c = 0; c < 4; ++c) sum[i][c] = term;
     }
     for (int64_t k = b * g.group_len; k < (b + 1) * g.group_len; k += 16) {

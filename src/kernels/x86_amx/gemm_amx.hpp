@@ -211,9 +211,8 @@ class AmxUnpacker {
       for (size_t i = 0; i < t.size(); ++i) t[i] = kMxfp4Doubled[i % 16];
       return t;
     }();
-    const __m512i table = _mm512_load_si512(g_.weight_format == WeightFormat::mxfp4
-                                                ? kMxfp4Table.data()
-                                                : kTable);
+    const __m512i table =
+        _mm512_load_si512(g_.weight_format == WeightFormat::mxfp4 ? kMxfp4Table.data() : kTable);
     n = std::min(n, left_);
     // locals: the stores below may alias any byte, members would be reloaded after each
     const uint8_t* src = src_;

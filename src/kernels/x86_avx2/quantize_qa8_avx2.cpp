@@ -66,7 +66,7 @@ void quantize_qa8(const QuantizeArgs& args) {
     }
     alignas(32) int32_t lanes[8];
     _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), sum);
-    terms[b] = -8 * sum_of(lanes);
+    terms[b] = -args.group_term_offset * sum_of(lanes);
   }
   publish_row(args, q, p, terms);
 }

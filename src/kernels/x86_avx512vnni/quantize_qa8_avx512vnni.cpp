@@ -66,7 +66,7 @@ void quantize_qa8(const QuantizeArgs& args) {
     }
     alignas(64) int32_t lanes[16];
     _mm512_store_si512(lanes, sum);
-    terms[b] = -8 * sum_of(lanes);
+    terms[b] = -args.group_term_offset * sum_of(lanes);
   }
   publish_row(args, q, p, terms);
 }

@@ -66,7 +66,7 @@ void ymm_tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
   const bool channelwise = g.group_size < 0;
   const __m256i low4 = _mm256_set1_epi8(0x0f);
   // kMxfp4: the nibbles are mxfp4 codes, turned into u8 weights 2 * e2m1 + 12 by a `vpshufb`
-  // each, and a group starts from 12 * -SUM q (packed_format.hpp, kMxfp4Offset)
+  // each (the rows' group terms are then -12 * SUM q: packed_format.hpp, kMxfp4Offset)
   const __m256i mx_table = _mm256_broadcastsi128_si256(
       _mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4Unsigned)));
 
@@ -95,8 +95,8 @@ void ymm_tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
     for (int m = 0; m < M; ++m) {
       // the row's group terms follow its cols_padded bytes (kernel.hpp): addressed from q[m],
       // so that no register holds a second pointer per row
-      const int32_t term = load_unaligned<int32_t>(q[m] + g.cols_padded + 4 * b);
-      const __m256i start = _mm256_set1_epi32(kMxfp4 ? mxfp4_group_start(term) : term);
+      const __m256i start =
+          _mm256_set1_epi32(load_unaligned<int32_t>(q[m] + g.cols_padded + 4 * b));
       for (int p = 0; p < NP; ++p) {
         iacc[m][p] = start;
         if constexpr (kSplit) hacc[m][p] = _mm256_setzero_si256();
