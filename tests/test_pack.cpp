@@ -542,8 +542,12 @@ TEST_F(Mxfp4Input, RefusesWhatIsNotMxfp4) {
 }
 
 TEST(Mxfp4Support, AsksForGroup32) {
-  w4a8moe::MoeConfig c{.hidden = 2880, .inter = 2880, .experts = 32, .top_k = 4,
-                       .group_size = 32, .weight_format = w4a8moe::WeightFormat::mxfp4};
+  w4a8moe::MoeConfig c{.hidden = 2880,
+                       .inter = 2880,
+                       .experts = 32,
+                       .top_k = 4,
+                       .group_size = 32,
+                       .weight_format = w4a8moe::WeightFormat::mxfp4};
   EXPECT_TRUE(w4a8moe::is_supported_config(c).supported);
   c.group_size = 64;
   const w4a8moe::Support no = w4a8moe::is_supported_config(c);

@@ -323,12 +323,14 @@ TensorView Case::topk_weights_view() const {
 }
 TensorView Case::w13_view() const {
   const int64_t E = spec.experts, I = spec.inter, H = spec.hidden;
-  if (spec.nibbles || spec.mxfp4) return TensorView::of(w13_nibbles.data(), DType::u8, {E, 2 * I, H / 2});
+  if (spec.nibbles || spec.mxfp4)
+    return TensorView::of(w13_nibbles.data(), DType::u8, {E, 2 * I, H / 2});
   return TensorView::of(w13.data(), DType::i8, {E, 2 * I, H});
 }
 TensorView Case::w2_view() const {
   const int64_t E = spec.experts, I = spec.inter, H = spec.hidden;
-  if (spec.nibbles || spec.mxfp4) return TensorView::of(w2_nibbles.data(), DType::u8, {E, H, I / 2});
+  if (spec.nibbles || spec.mxfp4)
+    return TensorView::of(w2_nibbles.data(), DType::u8, {E, H, I / 2});
   return TensorView::of(w2.data(), DType::i8, {E, H, I});
 }
 TensorView Case::w13_scale_view() const {
@@ -377,8 +379,8 @@ w4a8moe::LogicalWeights Case::logical() const {
           .w2_bias = w2_bias_view(),
           .group_size = spec.group_size,
           .gate_up_layout = gate_up_layout(spec),
-          .weight_format = spec.mxfp4 ? w4a8moe::WeightFormat::mxfp4
-                                      : w4a8moe::WeightFormat::int4_symmetric};
+          .weight_format =
+              spec.mxfp4 ? w4a8moe::WeightFormat::mxfp4 : w4a8moe::WeightFormat::int4_symmetric};
 }
 
 w4a8moe::MoeParams Case::params() const {

@@ -91,7 +91,7 @@ struct Case {
   FloatTensor x;             // [T, x_stride]
   std::vector<uint8_t> ids;  // [T, K] int32 or int64
   FloatTensor topk_weights;
-  std::vector<int8_t> w13, w2;  // int4 values, w13 in the spec's row layout
+  std::vector<int8_t> w13, w2;                   // int4 values, w13 in the spec's row layout
   std::vector<uint8_t> w13_nibbles, w2_nibbles;  // mxfp4: the codes
   FloatTensor w13_scale, w2_scale, w13_bias, w2_bias;
   std::vector<uint8_t> w13_exponents, w2_exponents;  // mxfp4: the e8m0 scales

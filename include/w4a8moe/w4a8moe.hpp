@@ -383,7 +383,7 @@ struct MoeConfig {
   int64_t top_k = 0;
   int64_t group_size = -1;
   int64_t activation = static_cast<int64_t>(Activation::silu);  // integer code
-  WeightFormat weight_format = WeightFormat::int4_symmetric;     // mxfp4: group_size 32
+  WeightFormat weight_format = WeightFormat::int4_symmetric;    // mxfp4: group_size 32
   // Expert parallelism (w4a8moe/expert_parallel.hpp): the experts this process holds of the
   // `experts` of the layer; 0: all of them.
   int64_t local_experts = 0;

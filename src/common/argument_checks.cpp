@@ -119,8 +119,8 @@ WeightInput check_weight_input(const TensorView& w, const TensorView& scale, con
     throw Error(cat("group_size: expected -1 or a multiple of 32 that divides ", in.cols,
                     " (the input dimension of ", w_name, "), got ", group_size));
   if (mxfp4 && group_size != 32)
-    throw Error(cat("group_size: expected 32 for mxfp4 weights (one e8m0 scale per 32), got ",
-                    group_size));
+    throw Error(
+        cat("group_size: expected 32 for mxfp4 weights (one e8m0 scale per 32), got ", group_size));
   in.groups = group_size == -1 ? 1 : in.cols / group_size;
 
   require_data(scale.data, scale_name);

@@ -97,7 +97,9 @@ void write_weights(const Geometry& g, const LayoutInfo& info, int64_t pr, const 
                    uint8_t* block) {
   const int64_t P = info.panel, q = pr / P, r = pr % P;
   uint8_t* panel = g.panel_at(block, q);
-  auto pair = [&](int64_t lo, int64_t hi) { return static_cast<uint8_t>(nib[lo] | (nib[hi] << 4)); };
+  auto pair = [&](int64_t lo, int64_t hi) {
+    return static_cast<uint8_t>(nib[lo] | (nib[hi] << 4));
+  };
   if (g.layout == LayoutId::qs4_b32_rowmajor) {
     // block byte i = element i (low nibble) | element i + 16 (high nibble)
     for (int64_t b = 0; b < g.cols_padded / kBlock; ++b)
@@ -259,7 +261,7 @@ size_t packed_size(WeightRole role, int64_t experts, int64_t rows, int64_t cols,
   const bool mxfp4 = options.weight_format == WeightFormat::mxfp4;
   if (mxfp4 && options.group_size != 32)
     throw Error(detail::cat(argument, ": expected group_size 32 for mxfp4 weights, got ",
-                    options.group_size));
+                            options.group_size));
   const DType stored =
       mxfp4 || options.scale_storage == ScaleStorage::bf16 ? DType::bf16 : scale_dtype;
   const detail::KernelSet& set = options.kernel_set.empty()
