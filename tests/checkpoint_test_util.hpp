@@ -81,12 +81,10 @@ inline Loaded load_all(const w4a8moe::io::LayerSource& source) {
   Loaded out;
   // int4: nibble - 8 with float scales; mxfp4 (the codes and e8m0 exponents as loaded): the
   // integers 2 * e2m1(code) with scales 2^(e - 128), the reference's form of them
-  // (moe_ref::Problem::mxfp4_values), written here from the OCP definition of e2m1
+  // (moe_ref::Problem::mxfp4_values), from the writers' own e2m1 decoding
   const auto value_of = [](w4a8moe::WeightFormat format, int nibble) {
-    if (format != w4a8moe::WeightFormat::mxfp4) return static_cast<int8_t>(nibble - 8);
-    const int exponent = (nibble >> 1) & 3, mantissa = nibble & 1;
-    const int magnitude = exponent == 0 ? mantissa : (2 + mantissa) << (exponent - 1);
-    return static_cast<int8_t>(nibble & 8 ? -magnitude : magnitude);
+    return static_cast<int8_t>(format == w4a8moe::WeightFormat::mxfp4 ? 2 * e2m1_value(nibble)
+                                                                      : nibble - 8);
   };
   const auto unpack = [&](const w4a8moe::TensorView& v, w4a8moe::WeightFormat format,
                           std::vector<int8_t>& values, std::vector<uint8_t>& bytes) {

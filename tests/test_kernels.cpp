@@ -343,9 +343,62 @@ TEST_P(KernelGemm, EveryRowGetsTheSameBitsWhateverItsCallSize) {
 // must give SUM_k (q[k] - zp) * w[n,k] to the last bit, at the extremes of both operands (q at
 // -128 and 127 with zero points 0, -128 and 127; weights at -8 and 7), around tile and panel
 // edges, up to K = 8192 (255 * 8 * 8192 < 2^24: the largest K at which the test can be exact).
+// Rows made by hand in the quantizers' format (int8 q at the extremes 127 and -128, alternating,
+// or random; zero points 0, -128 and 127; then -offset * SUM q per group for the weights'
+// offset), against `rows` outputs of `packed` whose integer weights are `w` [rows, cols] and
+// scales 1: the GEMM must give the exact integer sums, in calls of 1 and of tile_m rows.
+void expect_exact_sums(const KernelSet& set, const PackedWeights& packed, const detail::Geometry& g,
+                       int64_t rows, const std::vector<int8_t>& w, int64_t cols,
+                       std::mt19937& rng) {
+  std::uniform_int_distribution<int> qi(-128, 127);
+  const int64_t m = set.tile_m;
+  std::vector<std::vector<int32_t>> storage;
+  std::vector<QuantRow> a;
+  for (int64_t r = 0; r < m; ++r) {
+    storage.emplace_back(static_cast<size_t>(g.cols_padded / 4 + g.groups + 16), 0);
+    auto* q = reinterpret_cast<int8_t*>(storage.back().data());
+    const int pattern = static_cast<int>(r % 4);
+    for (int64_t k = 0; k < g.cols_padded; ++k)
+      q[k] = static_cast<int8_t>(pattern == 0   ? 127
+                                 : pattern == 1 ? -128
+                                 : pattern == 2 ? (k % 2 ? 127 : -128)
+                                                : qi(rng));
+    QuantRow row;
+    row.data = q;
+    row.recip = 1.0f;
+    row.zp = r % 3 == 0 ? 0 : (r % 3 == 1 ? -128 : 127);
+    if (set.group_terms) {
+      auto* terms = reinterpret_cast<int32_t*>(q + g.cols_padded);
+      for (int64_t b = 0; b < g.groups; ++b) {
+        int32_t sum = 0;
+        for (int64_t k = b * g.group_len; k < (b + 1) * g.group_len; ++k) sum += q[k];
+        terms[b] = -g.group_term_offset() * sum;
+      }
+      row.group_terms = terms;
+    }
+    a.push_back(row);
+  }
+  for (int64_t size : {int64_t{1}, m}) {
+    const int64_t width = (rows + 15) / 16 * 16;
+    std::vector<float> out(static_cast<size_t>(size * width), NAN);
+    gemm(set, packed, g, a.data() + (m - size), size, 0, rows, out.data(), width);
+    for (int64_t r = 0; r < size; ++r) {
+      const QuantRow& row = a[static_cast<size_t>(m - size + r)];
+      const auto* q = static_cast<const int8_t*>(row.data);
+      for (int64_t n = 0; n < rows; ++n) {
+        int64_t want = 0;
+        for (int64_t k = 0; k < cols; ++k)
+          want += (int64_t{q[k]} - row.zp) * w[static_cast<size_t>(n * cols + k)];
+        ASSERT_EQ(out[static_cast<size_t>(r * width + n)], static_cast<float>(want))
+            << "rows " << size << ", row " << r << " (zp " << row.zp << "), output " << n;
+      }
+    }
+  }
+}
+
 TEST_P(KernelGemm, IntegerSumsAreExactAtTheExtremes) {
   std::mt19937 rng(17);
-  std::uniform_int_distribution<int> wi(-8, 7), qi(-128, 127);
+  std::uniform_int_distribution<int> wi(-8, 7);
   struct Shape {
     int64_t cols, group;
   };
@@ -376,50 +429,7 @@ TEST_P(KernelGemm, IntegerSumsAreExactAtTheExtremes) {
         pack_w2(TensorView::of(w.data(), DType::i8, {1, rows, sh.cols}), sv, {}, po);
     const detail::Geometry g = detail::read_geometry(packed.bytes(), "test");
 
-    // rows made by hand in the quantizers' format: int8 q, then -8 * SUM q per group
-    const int64_t m = set->tile_m;
-    std::vector<std::vector<int32_t>> storage;
-    std::vector<QuantRow> a;
-    for (int64_t r = 0; r < m; ++r) {
-      storage.emplace_back(static_cast<size_t>(g.cols_padded / 4 + g.groups + 16), 0);
-      auto* q = reinterpret_cast<int8_t*>(storage.back().data());
-      const int pattern = static_cast<int>(r % 4);
-      for (int64_t k = 0; k < g.cols_padded; ++k)
-        q[k] = static_cast<int8_t>(pattern == 0   ? 127
-                                   : pattern == 1 ? -128
-                                   : pattern == 2 ? (k % 2 ? 127 : -128)
-                                                  : qi(rng));
-      QuantRow row;
-      row.data = q;
-      row.recip = 1.0f;
-      row.zp = r % 3 == 0 ? 0 : (r % 3 == 1 ? -128 : 127);
-      if (set->group_terms) {
-        auto* terms = reinterpret_cast<int32_t*>(q + g.cols_padded);
-        for (int64_t b = 0; b < g.groups; ++b) {
-          int32_t sum = 0;
-          for (int64_t k = b * g.group_len; k < (b + 1) * g.group_len; ++k) sum += q[k];
-          terms[b] = -8 * sum;
-        }
-        row.group_terms = terms;
-      }
-      a.push_back(row);
-    }
-    for (int64_t size : {int64_t{1}, m}) {
-      const int64_t width = (rows + 15) / 16 * 16;
-      std::vector<float> out(static_cast<size_t>(size * width), NAN);
-      gemm(*set, packed, g, a.data() + (m - size), size, 0, rows, out.data(), width);
-      for (int64_t r = 0; r < size; ++r) {
-        const QuantRow& row = a[static_cast<size_t>(m - size + r)];
-        const auto* q = static_cast<const int8_t*>(row.data);
-        for (int64_t n = 0; n < rows; ++n) {
-          int64_t want = 0;
-          for (int64_t k = 0; k < sh.cols; ++k)
-            want += (int64_t{q[k]} - row.zp) * w[static_cast<size_t>(n * sh.cols + k)];
-          ASSERT_EQ(out[static_cast<size_t>(r * width + n)], static_cast<float>(want))
-              << "rows " << size << ", row " << r << " (zp " << row.zp << "), output " << n;
-        }
-      }
-    }
+    ASSERT_NO_FATAL_FAILURE(expect_exact_sums(*set, packed, g, rows, w, sh.cols, rng));
   }
 }
 
@@ -532,7 +542,7 @@ TEST_P(KernelGemm, Mxfp4MatchesTheFormulaAroundTileEdges) {
 // sum and the result are integers that f32 holds exactly, so the kernel must give them exactly.
 TEST_P(KernelGemm, Mxfp4IntegerSumsAreExactAtTheExtremes) {
   std::mt19937 rng(29);
-  std::uniform_int_distribution<int> ci(0, 15), qi(-128, 127);
+  std::uniform_int_distribution<int> ci(0, 15);
   const int64_t rows = 40, cols = 4096;  // 4096 * 255 * 12 < 2^24
   const KernelSet* set = GetParam();
   const Mxfp4Weights mw = mxfp4_weights(
@@ -544,48 +554,7 @@ TEST_P(KernelGemm, Mxfp4IntegerSumsAreExactAtTheExtremes) {
       [](int64_t) { return 128; });
   const PackedWeights packed = pack_mxfp4(mw, rows, cols, *set, false);
   const detail::Geometry g = detail::read_geometry(packed.bytes(), "test");
-  const int64_t m = set->tile_m;
-  std::vector<std::vector<int32_t>> storage;
-  std::vector<QuantRow> a;
-  for (int64_t r = 0; r < m; ++r) {
-    storage.emplace_back(static_cast<size_t>(g.cols_padded / 4 + g.groups + 16), 0);
-    auto* q = reinterpret_cast<int8_t*>(storage.back().data());
-    const int pattern = static_cast<int>(r % 4);
-    for (int64_t k = 0; k < g.cols_padded; ++k)
-      q[k] = static_cast<int8_t>(pattern == 0   ? 127
-                                 : pattern == 1 ? -128
-                                 : pattern == 2 ? (k % 2 ? 127 : -128)
-                                                : qi(rng));
-    QuantRow row;
-    row.data = q;
-    row.zp = r % 3 == 0 ? 0 : (r % 3 == 1 ? -128 : 127);
-    if (set->group_terms) {  // the quantizers' terms for mxfp4: -12 * SUM q per group
-      auto* terms = reinterpret_cast<int32_t*>(q + g.cols_padded);
-      for (int64_t b = 0; b < g.groups; ++b) {
-        int32_t sum = 0;
-        for (int64_t k = b * 32; k < (b + 1) * 32; ++k) sum += q[k];
-        terms[b] = -12 * sum;
-      }
-      row.group_terms = terms;
-    }
-    a.push_back(row);
-  }
-  for (int64_t size : {int64_t{1}, m}) {
-    const int64_t width = (rows + 15) / 16 * 16;
-    std::vector<float> out(static_cast<size_t>(size * width), NAN);
-    gemm(*set, packed, g, a.data() + (m - size), size, 0, rows, out.data(), width);
-    for (int64_t r = 0; r < size; ++r) {
-      const QuantRow& row = a[static_cast<size_t>(m - size + r)];
-      const auto* q = static_cast<const int8_t*>(row.data);
-      for (int64_t n = 0; n < rows; ++n) {
-        int64_t want = 0;
-        for (int64_t k = 0; k < cols; ++k)
-          want += (int64_t{q[k]} - row.zp) * mw.doubled[static_cast<size_t>(n * cols + k)];
-        ASSERT_EQ(out[static_cast<size_t>(r * width + n)], static_cast<float>(want))
-            << "rows " << size << ", row " << r << " (zp " << row.zp << "), output " << n;
-      }
-    }
-  }
+  expect_exact_sums(*set, packed, g, rows, mw.doubled, cols, rng);
 }
 
 }  // namespace

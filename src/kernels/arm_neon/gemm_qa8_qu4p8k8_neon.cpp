@@ -91,12 +91,10 @@ void tile(const GemmArgs& args, int64_t n0) {
 
 void gemm_qa8_qu4p8k8(const GemmArgs& args) {
   // 1 row: two panels per tile (more independent chains); more rows: one.
-  if (args.geometry->weight_format == WeightFormat::mxfp4)
-    gemm_panel_tiles<kTileM, kPanel, 2, 1>(
-        args, []<int M, int NP>(const GemmArgs& a, int64_t n0) { tile<M, NP, true>(a, n0); });
-  else
-    gemm_panel_tiles<kTileM, kPanel, 2, 1>(
-        args, []<int M, int NP>(const GemmArgs& a, int64_t n0) { tile<M, NP, false>(a, n0); });
+  gemm_panel_tiles<kTileM, kPanel, 2, 1>(
+      args, []<int M, int NP, bool kMxfp4>(const GemmArgs& a, int64_t n0) {
+        tile<M, NP, kMxfp4>(a, n0);
+      });
 }
 
 }  // namespace w4a8moe::detail::neon

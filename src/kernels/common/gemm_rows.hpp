@@ -30,18 +30,24 @@ consteval std::array<GemmFn, kTileM> gemm_by_rows(Pick pick) {
   (std::make_integer_sequence<int, kTileM>());
 }
 
-// The GEMM of a set whose register tile is tile.template operator()<M, NP>(args, n0) (M rows x NP
-// panels of kPanel rows from padded row n0), for calls of m = 1..kTileM rows: one instantiation per
-// row count, its output rows in tiles of kPanelsOneRow panels for one row, kPanels for more.
+// The GEMM of a set whose register tile is tile.template operator()<M, NP, kMxfp4>(args, n0) (M
+// rows x NP panels of kPanel rows from padded row n0; kMxfp4: the weights are mxfp4 codes), for
+// calls of m = 1..kTileM rows: one instantiation per row count and weight format, its output rows
+// in tiles of kPanelsOneRow panels for one row, kPanels for more.
 template <int kTileM, int64_t kPanel, int kPanelsOneRow, int kPanels, class Tile>
 inline void gemm_panel_tiles(const GemmArgs& args, Tile) {
-  static constexpr auto kByRows = gemm_by_rows<kTileM>([]<int M>() -> GemmFn {
-    return [](const GemmArgs& a) {
-      for_each_panel_tile<kPanel, M == 1 ? kPanelsOneRow : kPanels>(
-          a, [&]<int NP>(int64_t n0) { Tile{}.template operator()<M, NP>(a, n0); });
-    };
-  });
-  kByRows[static_cast<size_t>(args.m - 1)](args);
+  constexpr auto by_rows = []<bool kMxfp4>() {
+    return gemm_by_rows<kTileM>([]<int M>() -> GemmFn {
+      return [](const GemmArgs& a) {
+        for_each_panel_tile<kPanel, M == 1 ? kPanelsOneRow : kPanels>(
+            a, [&]<int NP>(int64_t n0) { Tile{}.template operator()<M, NP, kMxfp4>(a, n0); });
+      };
+    });
+  };
+  static constexpr auto kInt4 = by_rows.template operator()<false>();
+  static constexpr auto kMxfp4 = by_rows.template operator()<true>();
+  const bool mxfp4 = args.geometry->weight_format == WeightFormat::mxfp4;
+  (mxfp4 ? kMxfp4 : kInt4)[static_cast<size_t>(args.m - 1)](args);
 }
 
 }  // namespace
