@@ -328,6 +328,25 @@ std::vector<Named> feature_grid() {
     s.routing = Routing::repeated;
     add("mxfp4_router_on_input_repeated", s);
   }
+  {  // int4 with zero points (AWQ, GPTQ, asymmetric compressed-tensors): groups and channelwise
+    CaseSpec s = base();
+    s.group_size = 32;
+    s.zero_points = true;
+    add("zero_points_g32", s);
+    s.tokens = 1;
+    add("zero_points_one_token", s);
+    s.tokens = 29;
+    s.group_size = 128;
+    s.nibbles = true;
+    s.x_dtype = DType::bf16;
+    s.scale_dtype = DType::f16;
+    add("zero_points_g128_nibbles", s);
+    s.group_size = -1;
+    s.bias = true;
+    s.apply_router_weight_on_input = true;
+    s.activation = Activation::gelu;
+    add("zero_points_channelwise_router_on_input", s);
+  }
   return out;
 }
 
@@ -409,6 +428,13 @@ TEST(LibraryReference, MatchesIndependentReference) {
     s.mxfp4 = true;
     s.interleaved = true;
     s.bias = true;
+    specs.push_back(s);
+  }
+  {  // and applies zero points itself
+    CaseSpec s = base(8);
+    s.group_size = 64;
+    s.zero_points = true;
+    s.interleaved = true;
     specs.push_back(s);
   }
   uint64_t seed = 300;

@@ -485,6 +485,45 @@ TEST(Mxfp4, TheKernelTablesAreTheOcpValues) {
   }
 }
 
+// Every block of every part of `packed` (whole, in one call each) against the formula over its
+// integer weights w [rows, cols] and scales s [rows, groups], in calls of 1 to tile_m rows;
+// max_w bounds |w| (and so the f32 rounding of the group sums).
+void expect_formula(const KernelSet& set, const PackedWeights& packed, int64_t cols,
+                    const std::vector<int8_t>& w, const std::vector<float>& s,
+                    const std::vector<float>& bias, double max_w, std::mt19937& rng) {
+  const detail::Geometry g = detail::read_geometry(packed.bytes(), "test");
+  for (int64_t m = 1; m <= set.tile_m; ++m) {
+    std::vector<QRowBuffer> rows;
+    std::vector<QuantRow> a;
+    for (int64_t r = 0; r < m; ++r)
+      rows.push_back(quantize(set, random_row(rng, cols, static_cast<int>(r % 6)), g.cols_padded,
+                              g.group_len, g.group_term_offset()));
+    for (auto& r : rows) a.push_back(r.row);
+    for (int64_t part = 0; part < g.parts; ++part)
+      for (int64_t j0 = 0; j0 < g.part_rows; j0 += g.block_rows) {
+        const int64_t n0 = g.stored_row(part, j0);
+        const int64_t len = std::min(g.part_rows - j0, g.block_len(j0));
+        const int64_t width = (len + 15) / 16 * 16;
+        std::vector<float> out(static_cast<size_t>(m * width), NAN);
+        gemm(set, packed, g, a.data(), m, n0, n0 + len, out.data(), width);
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t n = 0; n < len; ++n) {
+            const int64_t logical = part * g.part_rows + j0 + n;
+            const auto b = static_cast<double>(bias[static_cast<size_t>(logical)]);
+            const double want =
+                expected(w, s, cols, g.groups, logical, a[static_cast<size_t>(r)], g.group_len, b);
+            double mag = std::fabs(b);
+            for (int64_t k = 0; k < g.groups; ++k)
+              mag += static_cast<double>(a[static_cast<size_t>(r)].recip) * 128.0 * max_w *
+                     static_cast<double>(g.group_len) *
+                     static_cast<double>(s[static_cast<size_t>(logical * g.groups + k)]) / 16.0;
+            ASSERT_NEAR(out[static_cast<size_t>(r * width + n)], want, 1e-6 * mag + 1e-6)
+                << "m " << m << " row " << r << " output " << logical;
+          }
+      }
+  }
+}
+
 TEST_P(KernelGemm, Mxfp4MatchesTheFormulaAroundTileEdges) {
   std::mt19937 rng(23);
   std::uniform_int_distribution<int> ci(0, 15), ei(122, 130);
@@ -505,36 +544,8 @@ TEST_P(KernelGemm, Mxfp4MatchesTheFormulaAroundTileEdges) {
     const detail::Geometry g = detail::read_geometry(packed.bytes(), "test");
     ASSERT_EQ(g.weight_format, WeightFormat::mxfp4);
     ASSERT_EQ(g.scale_dtype, DType::bf16);
-    const int64_t groups = c.cols / 32;
-    for (int64_t m = 1; m <= set->tile_m; ++m) {
-      std::vector<QRowBuffer> rows;
-      std::vector<QuantRow> a;
-      for (int64_t r = 0; r < m; ++r)
-        rows.push_back(quantize(*set, random_row(rng, c.cols, static_cast<int>(r % 6)),
-                                g.cols_padded, g.group_len, g.group_term_offset()));
-      for (auto& r : rows) a.push_back(r.row);
-      for (int64_t part = 0; part < g.parts; ++part)
-        for (int64_t j0 = 0; j0 < g.part_rows; j0 += g.block_rows) {
-          const int64_t n0 = g.stored_row(part, j0);
-          const int64_t len = std::min(g.part_rows - j0, g.block_len(j0));
-          const int64_t width = (len + 15) / 16 * 16;
-          std::vector<float> out(static_cast<size_t>(m * width), NAN);
-          gemm(*set, packed, g, a.data(), m, n0, n0 + len, out.data(), width);
-          for (int64_t r = 0; r < m; ++r)
-            for (int64_t n = 0; n < len; ++n) {
-              const int64_t logical = part * g.part_rows + j0 + n;
-              const auto b = static_cast<double>(bias[static_cast<size_t>(logical)]);
-              const double want = expected(mw.doubled, mw.s, c.cols, groups, logical,
-                                           a[static_cast<size_t>(r)], 32, b);
-              double mag = std::fabs(b);
-              for (int64_t k = 0; k < groups; ++k)
-                mag += static_cast<double>(a[static_cast<size_t>(r)].recip) * 128.0 * 12.0 * 32.0 *
-                       static_cast<double>(mw.s[static_cast<size_t>(logical * groups + k)]) / 16.0;
-              ASSERT_NEAR(out[static_cast<size_t>(r * width + n)], want, 1e-6 * mag + 1e-6)
-                  << "m " << m << " row " << r << " output " << logical;
-            }
-        }
-    }
+    ASSERT_NO_FATAL_FAILURE(
+        expect_formula(*set, packed, c.cols, mw.doubled, mw.s, bias, 12.0, rng));
   }
 }
 
@@ -557,6 +568,95 @@ TEST_P(KernelGemm, Mxfp4IntegerSumsAreExactAtTheExtremes) {
   expect_exact_sums(*set, packed, g, rows, mw.doubled, cols, rng);
 }
 
+// int4 with zero points for a GEMM test: values w and zero points z (per row and group, or per
+// row) in [-8, 7], and what the kernels multiply, w - z [rows, cols].
+struct ZeroPointWeights {
+  std::vector<int8_t> w, z, diff;
+  int64_t groups = 0;
+};
+ZeroPointWeights zero_point_weights(int64_t rows, int64_t cols, int group,
+                                    const std::function<int(int64_t)>& value,
+                                    const std::function<int(int64_t)>& zero) {
+  ZeroPointWeights zw;
+  zw.groups = group < 0 ? 1 : cols / group;
+  const int64_t group_len = group < 0 ? cols : group;
+  for (int64_t i = 0; i < rows * zw.groups; ++i) zw.z.push_back(static_cast<int8_t>(zero(i)));
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    zw.w.push_back(static_cast<int8_t>(value(i)));
+    const int8_t z = zw.z[static_cast<size_t>(i / cols * zw.groups + i % cols / group_len)];
+    zw.diff.push_back(static_cast<int8_t>(zw.w.back() - z));
+  }
+  return zw;
+}
+PackedWeights pack_zero_point(const ZeroPointWeights& zw, const std::vector<float>& s, int64_t rows,
+                              int64_t cols, int group, const KernelSet& set, bool w13,
+                              const std::vector<float>* bias = nullptr) {
+  PackOptions po;
+  po.group_size = group;
+  po.weight_format = WeightFormat::int4_zero_point;
+  po.kernel_set = set.name;
+  const TensorView wv = TensorView::of(zw.w.data(), DType::i8, {1, rows, cols});
+  const TensorView sv = group < 0 ? TensorView::of(s.data(), DType::f32, {1, rows})
+                                  : TensorView::of(s.data(), DType::f32, {1, rows, zw.groups});
+  const TensorView zv = group < 0 ? TensorView::of(zw.z.data(), DType::i8, {1, rows})
+                                  : TensorView::of(zw.z.data(), DType::i8, {1, rows, zw.groups});
+  const TensorView bv = bias ? TensorView::of(bias->data(), DType::f32, {1, rows}) : TensorView{};
+  return w13 ? pack_w13(wv, sv, zv, bv, po) : pack_w2(wv, sv, zv, bv, po);
+}
+
+TEST_P(KernelGemm, ZeroPointMatchesTheFormulaAroundTileEdges) {
+  std::mt19937 rng(37);
+  std::uniform_int_distribution<int> wi(-8, 7);
+  const KernelSet* set = GetParam();
+  for (const GemmCase& c : std::vector<GemmCase>{{1, 32, 32, false},
+                                                 {9, 64, 32, false},
+                                                 {17, 256, 128, false},
+                                                 {40, 2048, 32, false},
+                                                 {33, 192, 64, false},
+                                                 {20, 96, -1, false},
+                                                 {6, 64, 32, true},
+                                                 {34, 64, -1, true},
+                                                 {200, 96, 32, true}}) {
+    SCOPED_TRACE(std::string(set->name) + " rows " + std::to_string(c.rows) + " cols " +
+                 std::to_string(c.cols) + " group " + std::to_string(c.group) +
+                 (c.w13 ? " w13" : " w2"));
+    auto [groups, w, s, bias] = random_gemm_weights(rng, c.rows, c.cols, c.group, 97, 89);
+    const ZeroPointWeights zw = zero_point_weights(
+        c.rows, c.cols, c.group, [&](int64_t i) { return w[static_cast<size_t>(i)]; },
+        [&](int64_t) { return wi(rng); });
+    const PackedWeights packed =
+        pack_zero_point(zw, s, c.rows, c.cols, c.group, *set, c.w13, &bias);
+    ASSERT_EQ(packed.info().weight_format, WeightFormat::int4_zero_point);
+    ASSERT_NO_FATAL_FAILURE(expect_formula(*set, packed, c.cols, zw.diff, s, bias, 15.0, rng));
+  }
+}
+
+// Zero points at both ends (stored 0 and 15) against values at both ends: w - z from -15 to 15,
+// with unit scales, so the kernel must give each integer sum exactly.
+TEST_P(KernelGemm, ZeroPointIntegerSumsAreExactAtTheExtremes) {
+  std::mt19937 rng(41);
+  std::uniform_int_distribution<int> wi(-8, 7);
+  const int64_t rows = 40;
+  const KernelSet* set = GetParam();
+  for (const auto& [cols, group] :
+       {std::pair<int64_t, int>{96, 32}, {4096, 32}, {4096, 128}, {4096, -1}}) {
+    SCOPED_TRACE(std::string(set->name) + " cols " + std::to_string(cols) + " group " +
+                 std::to_string(group));
+    const ZeroPointWeights zw = zero_point_weights(
+        rows, cols, group,
+        [&](int64_t i) {
+          const int pattern = static_cast<int>((i / cols) % 4);
+          return pattern == 0 ? -8 : pattern == 1 ? 7 : pattern == 2 ? (i % 2 ? 7 : -8) : wi(rng);
+        },
+        [&](int64_t i) { return i % 3 == 0   ? 7
+                                : i % 3 == 1 ? -8
+                                             : wi(rng); });
+    const std::vector<float> ones(static_cast<size_t>(rows * zw.groups), 1.0f);
+    const PackedWeights packed = pack_zero_point(zw, ones, rows, cols, group, *set, false);
+    const detail::Geometry g = detail::read_geometry(packed.bytes(), "test");
+    ASSERT_NO_FATAL_FAILURE(expect_exact_sums(*set, packed, g, rows, zw.diff, cols, rng));
+  }
+}
 }  // namespace
 
 #if defined(__x86_64__)
@@ -609,7 +709,8 @@ void check_tile_gemm(detail::GemmFn tiles, const char* backend) {
     int group;
     DType scales;
     bool bias;
-    bool mxfp4 = false;  // mxfp4 codes (group 32, bf16 scales 2^(e - 128))
+    bool mxfp4 = false;        // mxfp4 codes (group 32, bf16 scales 2^(e - 128))
+    bool zero_points = false;  // int4 with zero points (f32 scales)
   };
   const Shape shapes[] = {
       {40, 256, 32, DType::bf16, true, true},
@@ -625,6 +726,9 @@ void check_tile_gemm(detail::GemmFn tiles, const char* backend) {
       // panels of one group each (a K block of one group, one tile): the scaling side lags
       // several panels behind the unpacking of the next
       {80, 512, 256, DType::f32, false},
+      {40, 256, 32, DType::f32, true, false, true},
+      {48, 512, 128, DType::f32, false, false, true},
+      {40, 160, -1, DType::f32, true, false, true},
   };
   const KernelSet& zmm = detail::set_by_name("avx512vnni", "test");
   for (const Shape& sh : shapes) {
@@ -644,13 +748,19 @@ void check_tile_gemm(detail::GemmFn tiles, const char* backend) {
                                        : TensorView::of(sdata, sh.scales, {1, sh.rows, groups});
     const TensorView bv =
         sh.bias ? TensorView::of(bias.data(), DType::f32, {1, sh.rows}) : TensorView{};
-    std::uniform_int_distribution<int> ci(0, 15), ei(120, 130);
+    std::uniform_int_distribution<int> ci(0, 15), ei(120, 130), zi(-8, 7);
     const PackedWeights packed =
         sh.mxfp4 ? pack_mxfp4(mxfp4_weights(
                                   sh.rows, sh.cols, [&](int64_t) { return ci(rng); },
                                   [&](int64_t) { return ei(rng); }),
                               sh.rows, sh.cols, zmm, false, sh.bias ? &bias : nullptr)
-                 : pack_w2(TensorView::of(w.data(), DType::i8, {1, sh.rows, sh.cols}), sv, bv, po);
+        : sh.zero_points
+            ? pack_zero_point(zero_point_weights(
+                                  sh.rows, sh.cols, sh.group,
+                                  [&](int64_t i) { return w[static_cast<size_t>(i)]; },
+                                  [&](int64_t) { return zi(rng); }),
+                              s, sh.rows, sh.cols, sh.group, zmm, false, sh.bias ? &bias : nullptr)
+            : pack_w2(TensorView::of(w.data(), DType::i8, {1, sh.rows, sh.cols}), sv, bv, po);
     const detail::Geometry g = detail::read_geometry(packed.bytes(), "test");
     std::vector<QRowBuffer> buffers;
     std::vector<QuantRow> a;

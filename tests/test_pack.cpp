@@ -304,11 +304,17 @@ TEST_F(PackedDamage, LayoutRecordFields) {
   expect_rejected(
       with_header(packed_.w13, [](w4a8moe::detail::PackedHeader& x) { x.weight_format = 3; })
           .bytes(),
-      true, {"weight format", "int4 symmetric", "mxfp4", "got 3"});
-  expect_rejected(
-      with_header(packed_.w13, [](w4a8moe::detail::PackedHeader& x) { x.weight_format = 1; })
-          .bytes(),
-      true, {"weight format", "got 1"});
+      true, {"weight format", "int4 symmetric", "int4 with zero points", "mxfp4", "got 3"});
+  // a zero-point buffer's records hold a section more: relabelled, the sizes give it away
+  // (unless the records' 64-byte alignment absorbs the section; then it reads in bounds)
+  const w4a8moe::detail::Geometry zg = w4a8moe::detail::make_geometry(
+      g.layout, g.role, g.experts, g.rows, g.cols, g.group_size, g.scale_dtype, g.has_bias,
+      w4a8moe::WeightFormat::int4_zero_point, "w13");
+  if (zg.panel_bytes != g.panel_bytes)
+    expect_rejected(
+        with_header(packed_.w13, [](w4a8moe::detail::PackedHeader& x) { x.weight_format = 1; })
+            .bytes(),
+        true, {"sizes do not match"});
   // mxfp4 is only ever group 32 with bf16 scales: a header that says otherwise is damaged
   expect_rejected(
       with_header(packed_.w2, [](w4a8moe::detail::PackedHeader& x) { x.weight_format = 2; })
@@ -330,9 +336,9 @@ TEST(PackedGeometry, StoredRowsAlternateGateAndUpInBlocks) {
        {w4a8moe::detail::LayoutId::qs4_b32_rowmajor, w4a8moe::detail::LayoutId::qu4_p16k8,
         w4a8moe::detail::LayoutId::qu4_p8k8}) {
     for (const int64_t inter : {int64_t{8}, int64_t{64}, int64_t{100}, int64_t{768}}) {
-      const w4a8moe::detail::Geometry g =
-          w4a8moe::detail::make_geometry(layout, w4a8moe::WeightRole::w13, 1, 2 * inter, 64, 32,
-                                         w4a8moe::DType::bf16, false, "w13");
+      const w4a8moe::detail::Geometry g = w4a8moe::detail::make_geometry(
+          layout, w4a8moe::WeightRole::w13, 1, 2 * inter, 64, 32, w4a8moe::DType::bf16, false,
+          w4a8moe::WeightFormat::int4_symmetric, "w13");
       std::vector<int> seen(static_cast<size_t>(g.rows_padded), 0);
       for (int64_t n = 0; n < 2 * inter; ++n) {
         const int64_t pr = g.padded_row(n);
@@ -536,9 +542,96 @@ TEST_F(Mxfp4Input, RefusesWhatIsNotMxfp4) {
   EXPECT_TRUE(moe_test::throws_error(pack13(case_.w13_view(), case_.w13_scale_view()),
                                      {"group_size", "expected 32 for mxfp4", "got 64"}));
   o.group_size = 32;
-  o.weight_format = static_cast<w4a8moe::WeightFormat>(1);
+  o.weight_format = static_cast<w4a8moe::WeightFormat>(3);
   EXPECT_TRUE(moe_test::throws_error(pack13(case_.w13_view(), case_.w13_scale_view()),
-                                     {"weight_format", "got 1"}));
+                                     {"weight_format", "got 3"}));
+}
+
+// ---- int4 with zero points ---------------------------------------------------------------------
+
+class ZeroPointInput : public testing::Test {
+ protected:
+  Case case_ = moe_test::make_case({.tokens = 3,
+                                    .hidden = 64,
+                                    .inter = 32,
+                                    .experts = 2,
+                                    .group_size = 32,
+                                    .zero_points = true});
+};
+
+TEST_F(ZeroPointInput, PacksWithTheFormatRecorded) {
+  const moe_test::PackedPair p = pack(case_);
+  const w4a8moe::PackedInfo info = w4a8moe::inspect_packed(p.w13.bytes(), "w13_packed");
+  EXPECT_EQ(info.weight_format, w4a8moe::WeightFormat::int4_zero_point);
+  EXPECT_STREQ(w4a8moe::weight_format_name(info.weight_format), "int4_zero_point");
+  EXPECT_EQ(w4a8moe::packed_size(w4a8moe::WeightRole::w13, 2, 64, 64, DType::f32, false,
+                                 case_.pack_options(), "w13"),
+            p.w13.bytes().size());
+  // the zero points take a section of their own in each panel record, after the scales
+  const w4a8moe::detail::Geometry g = w4a8moe::detail::read_geometry(p.w13.bytes(), "w13");
+  EXPECT_GE(g.panel_correction_offset,
+            g.panel_zeros_offset + static_cast<size_t>(g.panel * g.groups));
+  EXPECT_GE(g.panel_zeros_offset,
+            g.panel_scales_offset + static_cast<size_t>(g.panel * g.groups) * 4);
+}
+
+TEST_F(ZeroPointInput, RefusesAZeroPointOutOfRangeByPosition) {
+  std::vector<int8_t> zeros = case_.w2_zero_point;
+  zeros[5] = 8;  // expert 0, row 5 (I / 32 = 1 group per row), group 0
+  const TensorView zv = TensorView::of(zeros.data(), DType::i8, {2, 64, 1});
+  EXPECT_TRUE(moe_test::throws_error(
+      [&] {
+        w4a8moe::pack_w2(case_.w2_view(), case_.w2_scale_view(), zv, {}, case_.pack_options());
+      },
+      {"w2_zero_point", "[-8, 7]", "got 8 at [0, 5, 0]"}));
+  w4a8moe::LogicalWeights lw = case_.logical();
+  lw.w2_zero_point = zv;
+  moe_test::Output out = moe_test::make_output(case_);
+  EXPECT_TRUE(moe_test::throws_error(
+      [&] {
+        w4a8moe::reference_forward(case_.x_view(), case_.ids_view(), case_.topk_weights_view(), lw,
+                                   case_.params(), out.view());
+      },
+      {"zero points", "[-8, 7]", "got 8"}));
+}
+
+TEST_F(ZeroPointInput, RefusesMissingOrMisshapenZeroPoints) {
+  const w4a8moe::PackOptions o = case_.pack_options();
+  const auto pack13 = [&](const TensorView& z, const w4a8moe::PackOptions& options) {
+    return [&, z, options] {
+      w4a8moe::pack_w13(case_.w13_view(), case_.w13_scale_view(), z, {}, options);
+    };
+  };
+  EXPECT_TRUE(moe_test::throws_error(pack13({}, o), {"w13_zero_point"}));
+  std::vector<uint8_t> unsigned_zeros(2 * 64 * 2, 8);
+  EXPECT_TRUE(moe_test::throws_error(
+      pack13(TensorView::of(unsigned_zeros.data(), DType::u8, {2, 64, 2}), o),
+      {"w13_zero_point", "expected dtype i8", "got u8"}));
+  EXPECT_TRUE(moe_test::throws_error(
+      pack13(TensorView::of(case_.w13_zero_point.data(), DType::i8, {2, 64, 1}), o),
+      {"w13_zero_point", "expected the shape of w13_scale [2, 64, 2]", "got [2, 64, 1]"}));
+  // zero points for weights of another format: refused, not ignored
+  w4a8moe::PackOptions symmetric = o;
+  symmetric.weight_format = w4a8moe::WeightFormat::int4_symmetric;
+  EXPECT_TRUE(
+      moe_test::throws_error(pack13(case_.w13_zero_point_view(), symmetric),
+                             {"w13_zero_point", "expected no zero points", "int4_symmetric"}));
+}
+
+// Zero points of 0 are the symmetric format: the kernels' other path gives the same exact sums,
+// scaled the same way, so the forward pass gives the same bits.
+TEST_F(ZeroPointInput, ZeroPointsOfZeroGiveTheSymmetricBits) {
+  Case zero = case_;
+  std::fill(zero.w13_zero_point.begin(), zero.w13_zero_point.end(), int8_t{0});
+  std::fill(zero.w2_zero_point.begin(), zero.w2_zero_point.end(), int8_t{0});
+  Case symmetric = zero;
+  symmetric.spec.zero_points = false;
+  w4a8moe::Context context(2);
+  const std::vector<float> a = moe_test::run_forward(zero, pack(zero), context).to_float();
+  const std::vector<float> b =
+      moe_test::run_forward(symmetric, pack(symmetric), context).to_float();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "element " << i;
 }
 
 TEST(Mxfp4Support, AsksForGroup32) {

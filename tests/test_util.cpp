@@ -80,6 +80,7 @@ std::string describe(const CaseSpec& s) {
   if (s.interleaved) o << " interleaved";
   if (s.nibbles) o << " nibbles";
   if (s.mxfp4) o << " mxfp4";
+  if (s.zero_points) o << " zero_points";
   if (s.weight_values == WeightValues::extremes) o << " w=extremes";
   if (s.x_stride_extra != 0) o << " x_stride=H+" << s.x_stride_extra;
   o << " routing=" << routing_name(s.routing) << " seed=" << s.seed;
@@ -212,6 +213,18 @@ std::vector<uint8_t> mxfp4_exponents(FloatTensor& scales) {
   return e;
 }
 
+// Zero points in [-8, 7], one per row and group of `values` [rows, cols]; `values` becomes
+// w - z, what the weights mean without their scales.
+std::vector<int8_t> make_zero_points(std::vector<int8_t>& values, size_t rows, size_t groups,
+                                     Rng& rng) {
+  std::vector<int8_t> z(rows * groups);
+  for (int8_t& v : z) v = static_cast<int8_t>(rng.integer(-8, 7));
+  const size_t cols = values.size() / rows, group_len = cols / groups;
+  for (size_t i = 0; i < values.size(); ++i)
+    values[i] = static_cast<int8_t>(values[i] - z[i / cols * groups + i % cols / group_len]);
+  return z;
+}
+
 std::vector<float> make_uniform(size_t n, double lo, double hi, Rng& rng) {
   std::vector<float> v(n);
   for (float& f : v) f = static_cast<float>(rng.uniform(lo, hi));
@@ -273,6 +286,12 @@ Case make_case(const CaseSpec& spec) {
     c.w13_nibbles = to_nibbles(c.w13);
     c.w2_nibbles = to_nibbles(c.w2);
   }
+  // the views give the values and the zero points, the reference their meaning w - z
+  std::vector<int8_t> w13_meaning = c.w13, w2_meaning = c.w2;
+  if (s.zero_points) {
+    c.w13_zero_point = make_zero_points(w13_meaning, rows13, g13, rng);
+    c.w2_zero_point = make_zero_points(w2_meaning, rows2, g2, rng);
+  }
   if (s.mxfp4) {
     c.w13_nibbles = make_mxfp4(c.w13, rng);
     c.w2_nibbles = make_mxfp4(c.w2, rng);
@@ -290,10 +309,11 @@ Case make_case(const CaseSpec& spec) {
   p.topk_weights = c.topk_weights.values;
   p.interleaved = s.interleaved;
   p.mxfp4_values = s.mxfp4;
-  p.w13 = c.w13;
+  p.zero_point_values = s.zero_points;
+  p.w13 = s.zero_points ? w13_meaning : c.w13;
   p.w13_scale = c.w13_scale.values;
   p.w13_bias = c.w13_bias.values;
-  p.w2 = c.w2;
+  p.w2 = s.zero_points ? w2_meaning : c.w2;
   p.w2_scale = c.w2_scale.values;
   p.w2_bias = c.w2_bias.values;
   p.activation = static_cast<int>(s.activation);
@@ -333,6 +353,18 @@ TensorView Case::w2_view() const {
     return TensorView::of(w2_nibbles.data(), DType::u8, {E, H, I / 2});
   return TensorView::of(w2.data(), DType::i8, {E, H, I});
 }
+TensorView Case::w13_zero_point_view() const {
+  if (!spec.zero_points) return {};
+  const int64_t E = spec.experts, I = spec.inter, H = spec.hidden, g = spec.group_size;
+  if (g < 0) return TensorView::of(w13_zero_point.data(), DType::i8, {E, 2 * I});
+  return TensorView::of(w13_zero_point.data(), DType::i8, {E, 2 * I, H / g});
+}
+TensorView Case::w2_zero_point_view() const {
+  if (!spec.zero_points) return {};
+  const int64_t E = spec.experts, I = spec.inter, H = spec.hidden, g = spec.group_size;
+  if (g < 0) return TensorView::of(w2_zero_point.data(), DType::i8, {E, H});
+  return TensorView::of(w2_zero_point.data(), DType::i8, {E, H, I / g});
+}
 TensorView Case::w13_scale_view() const {
   const int64_t E = spec.experts, I = spec.inter, H = spec.hidden, g = spec.group_size;
   if (spec.mxfp4) return TensorView::of(w13_exponents.data(), DType::u8, {E, 2 * I, H / 32});
@@ -367,6 +399,7 @@ w4a8moe::PackOptions Case::pack_options() const {
   o.group_size = spec.group_size;
   o.gate_up_layout = gate_up_layout(spec);
   if (spec.mxfp4) o.weight_format = w4a8moe::WeightFormat::mxfp4;
+  if (spec.zero_points) o.weight_format = w4a8moe::WeightFormat::int4_zero_point;
   return o;
 }
 
@@ -377,10 +410,11 @@ w4a8moe::LogicalWeights Case::logical() const {
           .w2 = w2_view(),
           .w2_scale = w2_scale_view(),
           .w2_bias = w2_bias_view(),
+          .w13_zero_point = w13_zero_point_view(),
+          .w2_zero_point = w2_zero_point_view(),
           .group_size = spec.group_size,
           .gate_up_layout = gate_up_layout(spec),
-          .weight_format =
-              spec.mxfp4 ? w4a8moe::WeightFormat::mxfp4 : w4a8moe::WeightFormat::int4_symmetric};
+          .weight_format = pack_options().weight_format};
 }
 
 w4a8moe::MoeParams Case::params() const {
@@ -396,9 +430,11 @@ PackedPair pack(const Case& c, const std::string& kernel_set) {
   PackedPair p;
   w4a8moe::PackOptions o = c.pack_options();
   o.kernel_set = kernel_set;
-  p.w13 = w4a8moe::pack_w13(c.w13_view(), c.w13_scale_view(), c.w13_bias_view(), o);
+  p.w13 = w4a8moe::pack_w13(c.w13_view(), c.w13_scale_view(), c.w13_zero_point_view(),
+                            c.w13_bias_view(), o);
   o.gate_up_layout = w4a8moe::GateUpLayout::halves;
-  p.w2 = w4a8moe::pack_w2(c.w2_view(), c.w2_scale_view(), c.w2_bias_view(), o);
+  p.w2 =
+      w4a8moe::pack_w2(c.w2_view(), c.w2_scale_view(), c.w2_zero_point_view(), c.w2_bias_view(), o);
   return p;
 }
 

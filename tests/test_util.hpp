@@ -65,6 +65,9 @@ struct CaseSpec {
   // near the int4 cases' scale; the reference gets their meaning as integers 2 * e2m1 with
   // scales 2^(e - 128) (make_case)
   bool mxfp4 = false;
+  // int4 with zero points: a random zero point in [-8, 7] per row and group beside the int4
+  // values; the reference gets w - z (make_case)
+  bool zero_points = false;
   Routing routing = Routing::random;
   WeightValues weight_values = WeightValues::uniform;
   int64_t x_stride_extra = 0;  // x row stride = H + this (the padding holds NaN)
@@ -94,7 +97,8 @@ struct Case {
   std::vector<int8_t> w13, w2;                   // int4 values, w13 in the spec's row layout
   std::vector<uint8_t> w13_nibbles, w2_nibbles;  // mxfp4: the codes
   FloatTensor w13_scale, w2_scale, w13_bias, w2_bias;
-  std::vector<uint8_t> w13_exponents, w2_exponents;  // mxfp4: the e8m0 scales
+  std::vector<uint8_t> w13_exponents, w2_exponents;   // mxfp4: the e8m0 scales
+  std::vector<int8_t> w13_zero_point, w2_zero_point;  // zero points: shaped like the scales
 
   w4a8moe::TensorView x_view() const;
   w4a8moe::TensorView ids_view() const;
@@ -103,6 +107,8 @@ struct Case {
   w4a8moe::TensorView w2_view() const;
   w4a8moe::TensorView w13_scale_view() const;
   w4a8moe::TensorView w2_scale_view() const;
+  w4a8moe::TensorView w13_zero_point_view() const;  // empty without zero points
+  w4a8moe::TensorView w2_zero_point_view() const;
   w4a8moe::TensorView w13_bias_view() const;  // empty without bias
   w4a8moe::TensorView w2_bias_view() const;
   w4a8moe::PackOptions pack_options() const;

@@ -23,6 +23,9 @@ class ExpertPacker {
   // Throws Error when a chunk's dimensions, group size, scale dtype or bias presence differ from
   // the first chunk's, or when the chunks hold more experts than announced.
   void append(const TensorView& w, const TensorView& scale, const TensorView& bias);
+  // The same with zero points (PackOptions::weight_format int4_zero_point).
+  void append(const TensorView& w, const TensorView& scale, const TensorView& zero_point,
+              const TensorView& bias);
 
   int64_t experts() const noexcept { return experts_; }
   int64_t appended() const noexcept { return appended_; }

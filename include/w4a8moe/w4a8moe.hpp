@@ -124,7 +124,12 @@ enum class WeightFormat : uint32_t {
   // int4 values w in [-8, 7], as int8 or nibble-packed uint8 (value + 8); scales f32, bf16 or
   // f16, any valid group size. The value of element k is w * s.
   int4_symmetric = 0,
-  // (1: reserved for int4 with zero points)
+  // int4 with zero points (AWQ, GPTQ, compressed-tensors with `symmetric: false`): values w and
+  // zero points z both in [-8, 7], the weights given as for int4_symmetric, the zero points as
+  // int8 shaped like the scales ([E, N, K/g] or [E, N]). The value of element k of group b is
+  // (w - z[b]) * s[b]; w - z, an integer in [-15, 15], is what the sums multiply. Formats that
+  // hold unsigned values u and zeros zu in [0, 15] (AWQ, GPTQ) give w = u - 8 and z = zu - 8.
+  int4_zero_point = 1,
   // OCP MX FP4: e2m1 codes nibble-packed in uint8 [E, N, K/2] (byte j: element 2j in the low
   // nibble, 2j + 1 in the high one, as gpt-oss's `_blocks`), one e8m0 scale exponent per 32
   // elements in uint8 [E, N, K/32] (group_size 32). The value of element k is
@@ -216,6 +221,12 @@ PackedWeights pack_w13(const TensorView& w13, const TensorView& scale, const Ten
 // w2: [E, H, I] (or [E, H, I/2] nibble-packed); scale [E, H, I/g] or [E, H]; bias empty or [E, H].
 PackedWeights pack_w2(const TensorView& w2, const TensorView& scale, const TensorView& bias,
                       const PackOptions& options);
+// The same with zero points, for PackOptions::weight_format int4_zero_point (and only then):
+// zero_point int8 in [-8, 7], shaped like the scale.
+PackedWeights pack_w13(const TensorView& w13, const TensorView& scale, const TensorView& zero_point,
+                       const TensorView& bias, const PackOptions& options);
+PackedWeights pack_w2(const TensorView& w2, const TensorView& scale, const TensorView& zero_point,
+                      const TensorView& bias, const PackOptions& options);
 
 // Checks a packed buffer's header against its size and decodes it; throws Error on any mismatch.
 PackedInfo inspect_packed(std::span<const uint8_t> packed, std::string_view argument = "packed");
@@ -364,6 +375,7 @@ void check_moe_params(const MoeParams& params);
 struct LogicalWeights {
   TensorView w13, w13_scale, w13_bias;
   TensorView w2, w2_scale, w2_bias;
+  TensorView w13_zero_point, w2_zero_point;  // int4_zero_point only: int8 shaped like the scales
   int group_size = -1;
   GateUpLayout gate_up_layout = GateUpLayout::halves;
   WeightFormat weight_format = WeightFormat::int4_symmetric;  // of both w13 and w2

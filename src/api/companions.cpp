@@ -42,9 +42,9 @@ Support is_supported_config(const MoeConfig& c) noexcept {
                       ") and intermediate (", c.inter,
                       ") sizes; use a divisor of both or -1 (channelwise)"));
     }
-    if (c.weight_format != WeightFormat::int4_symmetric && c.weight_format != WeightFormat::mxfp4)
+    if (!detail::is_known_weight_format(static_cast<uint32_t>(c.weight_format)))
       return no(cat("weight format ", static_cast<uint32_t>(c.weight_format),
-                    " is unknown; use 0 int4_symmetric or 2 mxfp4"));
+                    " is unknown; use 0 int4_symmetric, 1 int4_zero_point or 2 mxfp4"));
     if (c.weight_format == WeightFormat::mxfp4 && c.group_size != 32)
       return no(cat("mxfp4 weights have one scale per 32 elements: use group size 32, not ",
                     c.group_size));

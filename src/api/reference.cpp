@@ -61,6 +61,7 @@ Quantized quant_row(const std::vector<float>& a) {
 struct Matrix {  // one role's logical weights
   const TensorView* w;
   const TensorView* scale;
+  const TensorView* zero_point;  // int4_zero_point only
   const TensorView* bias;
   detail::WeightInput in;
   int group_size;
@@ -95,9 +96,16 @@ struct Matrix {  // one role's logical weights
     const int64_t g = group_size < 0 ? in.cols : group_size;
     double sum = 0.0;
     for (int64_t b = 0; b < in.cols / g; ++b) {
-      double dot = 0.0;  // exact: integers, or mxfp4's halves, below 2^53
-      for (int64_t k = b * g; k < (b + 1) * g; ++k) dot += (a.q[k] - a.zp) * value(e, n, k);
       const int64_t index = (e * in.rows + n) * in.groups + b;
+      double z = 0.0;  // (w - z) * s: the zero point of the group
+      if (format == WeightFormat::int4_zero_point) {
+        z = static_cast<const int8_t*>(zero_point->data)[index];
+        if (z < -8 || z > 7)
+          throw Error(detail::cat("weight zero points: expected int4 values in [-8, 7], got ", z,
+                                  " at [", e, ", ", n, ", ", b, "]"));
+      }
+      double dot = 0.0;  // exact: integers, or mxfp4's halves, below 2^53
+      for (int64_t k = b * g; k < (b + 1) * g; ++k) dot += (a.q[k] - a.zp) * (value(e, n, k) - z);
       double s;
       if (format == WeightFormat::mxfp4) {  // e8m0: 2^(e - 127), 255 is NaN
         const int exponent = static_cast<const uint8_t*>(scale->data)[index];
@@ -125,12 +133,16 @@ void reference_forward(const TensorView& x, const TensorView& topk_ids,
                        const TensorView& topk_weights, const LogicalWeights& lw,
                        const MoeParams& params, const MutableTensorView& out) {
   using detail::cat;
-  Matrix w13{&lw.w13, &lw.w13_scale, &lw.w13_bias, {}, lw.group_size, lw.weight_format};
-  Matrix w2{&lw.w2, &lw.w2_scale, &lw.w2_bias, {}, lw.group_size, lw.weight_format};
-  w13.in = detail::check_weight_input(lw.w13, lw.w13_scale, lw.w13_bias, lw.group_size, "w13",
-                                      "w13_scale", "w13_bias", lw.weight_format);
-  w2.in = detail::check_weight_input(lw.w2, lw.w2_scale, lw.w2_bias, lw.group_size, "w2",
-                                     "w2_scale", "w2_bias", lw.weight_format);
+  Matrix w13{&lw.w13, &lw.w13_scale, &lw.w13_zero_point, &lw.w13_bias,
+             {},      lw.group_size, lw.weight_format};
+  Matrix w2{&lw.w2, &lw.w2_scale,  &lw.w2_zero_point, &lw.w2_bias,
+            {},     lw.group_size, lw.weight_format};
+  w13.in = detail::check_weight_input(lw.w13, lw.w13_scale, lw.w13_zero_point, lw.w13_bias,
+                                      lw.group_size, "w13", "w13_scale", "w13_zero_point",
+                                      "w13_bias", lw.weight_format);
+  w2.in =
+      detail::check_weight_input(lw.w2, lw.w2_scale, lw.w2_zero_point, lw.w2_bias, lw.group_size,
+                                 "w2", "w2_scale", "w2_zero_point", "w2_bias", lw.weight_format);
   if (!is_valid_w13_rows(w13.in.rows))
     throw Error(cat("w13: expected an even number of rows (2I), got ", w13.in.rows));
   const int64_t E = w13.in.experts, H = w13.in.cols, I = w13.in.rows / 2;

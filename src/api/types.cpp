@@ -114,6 +114,8 @@ const char* weight_format_name(WeightFormat format) noexcept {
   switch (format) {
     case WeightFormat::int4_symmetric:
       return "int4_symmetric";
+    case WeightFormat::int4_zero_point:
+      return "int4_zero_point";
     case WeightFormat::mxfp4:
       return "mxfp4";
   }

@@ -1,6 +1,7 @@
 // Argument checks shared by the packer, the packed-file loader and the API entry points.
 #include "common/argument_checks.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -89,14 +90,18 @@ void require_positive_dims(const TensorView& t, std::string_view name) {
       throw Error(cat(name, ": expected positive dimensions, got shape ", shape_of(t)));
 }
 
-WeightInput check_weight_input(const TensorView& w, const TensorView& scale, const TensorView& bias,
-                               int group_size, std::string_view w_name, std::string_view scale_name,
-                               std::string_view bias_name, WeightFormat format) {
+WeightInput check_weight_input(const TensorView& w, const TensorView& scale,
+                               const TensorView& zero_point, const TensorView& bias, int group_size,
+                               std::string_view w_name, std::string_view scale_name,
+                               std::string_view zero_point_name, std::string_view bias_name,
+                               WeightFormat format) {
   WeightInput in;
   const bool mxfp4 = format == WeightFormat::mxfp4;
-  if (format != WeightFormat::int4_symmetric && !mxfp4)
-    throw Error(cat("weight_format: expected int4_symmetric (0) or mxfp4 (2), got ",
-                    static_cast<uint32_t>(format)));
+  if (!is_known_weight_format(static_cast<uint32_t>(format)))
+    throw Error(
+        cat("weight_format: expected int4_symmetric (0), int4_zero_point (1) or mxfp4 (2), "
+            "got ",
+            static_cast<uint32_t>(format)));
   require_data(w.data, w_name);
   if (mxfp4 && w.dtype != DType::u8)
     throw Error(cat(w_name, ": expected dtype u8 (mxfp4 e2m1 codes, two per byte), got ",
@@ -142,6 +147,24 @@ WeightInput check_weight_input(const TensorView& w, const TensorView& scale, con
   }
   require_contiguous(scale, scale_name);
   require_addressable(scale, scale_name);
+
+  if (format == WeightFormat::int4_zero_point) {
+    require_data(zero_point.data, zero_point_name);
+    if (zero_point.dtype != DType::i8)
+      throw Error(cat(zero_point_name, ": expected dtype i8 (int4 zero points in [-8, 7]), got ",
+                      dtype_name(zero_point.dtype)));
+    if (zero_point.rank != scale.rank ||
+        !std::equal(scale.shape.begin(), scale.shape.begin() + scale.rank,
+                    zero_point.shape.begin()))
+      throw Error(cat(zero_point_name, ": expected the shape of ", scale_name, " ", shape_of(scale),
+                      ", got ", shape_of(zero_point)));
+    require_contiguous(zero_point, zero_point_name);
+    require_addressable(zero_point, zero_point_name);
+  } else if (!zero_point.empty()) {
+    throw Error(cat(zero_point_name, ": expected no zero points for ", weight_format_name(format),
+                    " weights (weight_format int4_zero_point takes them), got shape ",
+                    shape_of(zero_point)));
+  }
 
   if (!bias.empty()) {
     require_float(bias.dtype, bias_name);

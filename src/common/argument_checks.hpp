@@ -37,13 +37,19 @@ struct WeightInput {
   int64_t groups = 0;    // scale columns (1 when channelwise)
 };
 
-// int4_symmetric: w [E, N, K] i8 or [E, N, K/2] u8, scale [E, N, K/g] or [E, N] in a float
-// dtype. mxfp4: w [E, N, K/2] u8 codes, scale [E, N, K/32] u8 exponents, group_size 32 (the
-// exponents' values are checked by the packer). bias empty or [E, N].
-WeightInput check_weight_input(const TensorView& w, const TensorView& scale, const TensorView& bias,
-                               int group_size, std::string_view w_name, std::string_view scale_name,
-                               std::string_view bias_name,
-                               WeightFormat format = WeightFormat::int4_symmetric);
+// 0 int4_symmetric, 1 int4_zero_point or 2 mxfp4.
+constexpr bool is_known_weight_format(uint32_t code) noexcept { return code <= 2; }
+
+// int4_symmetric and int4_zero_point: w [E, N, K] i8 or [E, N, K/2] u8, scale [E, N, K/g] or [E, N]
+// in a float dtype. mxfp4: w [E, N, K/2] u8 codes, scale [E, N, K/32] u8 exponents, group_size 32
+// (the exponents' values are checked by the packer). bias empty or [E, N]. int4_zero_point:
+// zero_point i8 shaped like the scale (its values are checked by the packer); for the other formats
+// zero_point must be empty.
+WeightInput check_weight_input(const TensorView& w, const TensorView& scale,
+                               const TensorView& zero_point, const TensorView& bias, int group_size,
+                               std::string_view w_name, std::string_view scale_name,
+                               std::string_view zero_point_name, std::string_view bias_name,
+                               WeightFormat format);
 
 // The activation and its parameters (also recorded in packed weight files).
 void check_params(const MoeParams& params);

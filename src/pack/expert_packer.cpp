@@ -22,19 +22,25 @@ ExpertPacker::ExpertPacker(WeightRole role, int64_t experts, PackOptions options
 }
 
 void ExpertPacker::append(const TensorView& w, const TensorView& scale, const TensorView& bias) {
+  append(w, scale, TensorView{}, bias);
+}
+
+void ExpertPacker::append(const TensorView& w, const TensorView& scale,
+                          const TensorView& zero_point, const TensorView& bias) {
   const char* name = role_ == WeightRole::w13 ? "w13" : "w2";
   if (w.rank >= 1 && w.shape[0] > experts_ - appended_)
     throw Error(cat(name, ": expected at most ", experts_ - appended_, " more experts (of ",
                     experts_, "), got a chunk of ", w.shape[0]));
-  const PackedWeights chunk = role_ == WeightRole::w13 ? pack_w13(w, scale, bias, options_)
-                                                       : pack_w2(w, scale, bias, options_);
+  const PackedWeights chunk = role_ == WeightRole::w13
+                                  ? pack_w13(w, scale, zero_point, bias, options_)
+                                  : pack_w2(w, scale, zero_point, bias, options_);
   const PackedInfo info = chunk.info();
   if (appended_ == 0) {
     first_ = info;
     // the whole tensor's geometry (its size, checked for overflow)
     const detail::Geometry g = detail::make_geometry(
         detail::read_geometry(chunk.bytes(), name).layout, role_, experts_, info.rows, info.cols,
-        info.group_size, info.scale_dtype, info.has_bias, name);
+        info.group_size, info.scale_dtype, info.has_bias, info.weight_format, name);
     packed_ = PackedWeights::allocate(g.total_bytes);
     detail::PackedHeader h;
     std::memcpy(&h, chunk.bytes().data(), sizeof h);

@@ -20,6 +20,7 @@ namespace {
 struct PackJob {
   const TensorView* w;
   const TensorView* scale;
+  const TensorView* zero_point;  // int4_zero_point only
   const TensorView* bias;
   WeightInput in;
   Geometry g;
@@ -82,8 +83,8 @@ void read_row(const PackJob& job, int64_t e, int64_t n, int8_t* dst, uint8_t* co
   std::fill(dst + cols, dst + job.g.cols_padded, int8_t{0});
 }
 
-// The nibble stored for each element of a row: int4, two's complement (qs4_b32_rowmajor) or
-// w + 8 (the other layouts); mxfp4, its code in every layout.
+// The nibble stored for each element of a row: int4 (either kind), two's complement
+// (qs4_b32_rowmajor) or w + 8 (the other layouts); mxfp4, its code in every layout.
 void stored_nibbles(const Geometry& g, const LayoutInfo& info, const int8_t* v,
                     const uint8_t* codes, uint8_t* nib) {
   for (int64_t k = 0; k < g.cols_padded; ++k)
@@ -142,6 +143,16 @@ float store_scale(const PackJob& job, int64_t e, int64_t src_row, int64_t b, uin
   return bf16_to_f32(h);
 }
 
+// The zero point of group b as given, checked: an int4 value in [-8, 7].
+int8_t read_zero_point(const PackJob& job, int64_t e, int64_t src_row, int64_t b) {
+  const int8_t z = static_cast<const int8_t*>(
+      job.zero_point->data)[(e * job.in.rows + src_row) * job.g.groups + b];
+  if (z < -8 || z > 7)
+    throw Error(cat(job.w_name, "_zero_point: expected int4 zero points in [-8, 7], got ", int{z},
+                    " at [", e, ", ", src_row, ", ", b, "]"));
+  return z;
+}
+
 void pack_expert(const PackJob& job, int64_t e, uint8_t* block) {
   const Geometry& g = job.g;
   const LayoutInfo& info = layout_info(static_cast<uint32_t>(g.layout), job.w_name);
@@ -152,11 +163,15 @@ void pack_expert(const PackJob& job, int64_t e, uint8_t* block) {
   for (int64_t part = 0; part < g.parts; ++part)
     for (int64_t j = 0; j < g.part_rows_padded; ++j) {
       const int64_t pr = g.stored_row(part, j);
-      if (j >= g.part_rows) {  // padding row: weight 0, scale 0, correction 0, bias 0
+      if (j >= g.part_rows) {  // padding row: weight 0, scale 0, zero point 0 (stored 8),
+                               // correction 0, bias 0
         std::fill(row.begin(), row.end(), int8_t{0});
         std::fill(codes.begin(), codes.end(), uint8_t{0});  // mxfp4 code 0: the value 0
         stored_nibbles(g, info, row.data(), codes.data(), nib.data());
         write_weights(g, info, pr, nib.data(), block);
+        if (g.has_zeros())
+          for (int64_t b = 0; b < g.groups; ++b)
+            g.panel_zeros(block, pr / info.panel)[b * info.panel + pr % info.panel] = 8;
         continue;  // the buffer is zero-filled: scales, correction and bias stay 0
       }
       const int64_t n = part * g.part_rows + j;
@@ -172,9 +187,13 @@ void pack_expert(const PackJob& job, int64_t e, uint8_t* block) {
       for (int64_t b = 0; b < g.groups; ++b) {
         const float stored =
             store_scale(job, e, src_row, b, scales + (b * P + r) * static_cast<int64_t>(sbytes));
+        // the sums are over the values the kernels multiply: w - z (padding columns included:
+        // they meet activations quantized to the zero point, like the rest)
+        const int8_t z = g.has_zeros() ? read_zero_point(job, e, src_row, b) : int8_t{0};
+        if (g.has_zeros()) g.panel_zeros(block, q)[b * P + r] = static_cast<uint8_t>(z + 8);
         int64_t wsum = 0;
         for (int64_t k = b * g.group_len; k < (b + 1) * g.group_len; ++k)
-          wsum += row[static_cast<size_t>(k)];
+          wsum += row[static_cast<size_t>(k)] - z;
         wsum_row += wsum;
         zsum += static_cast<double>(stored) * static_cast<double>(wsum);
       }
@@ -194,13 +213,15 @@ void pack_expert(const PackJob& job, int64_t e, uint8_t* block) {
 }
 
 PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale,
-                   const TensorView& bias, const PackOptions& options) {
+                   const TensorView& zero_point, const TensorView& bias,
+                   const PackOptions& options) {
   const bool is_w13 = role == WeightRole::w13;
   const std::string_view w_name = is_w13 ? "w13" : "w2";
-  PackJob job{&w, &scale, &bias, {}, {}, false, w_name};
-  job.in = check_weight_input(w, scale, bias, options.group_size, w_name,
-                              is_w13 ? "w13_scale" : "w2_scale", is_w13 ? "w13_bias" : "w2_bias",
-                              options.weight_format);
+  PackJob job{&w, &scale, &zero_point, &bias, {}, {}, false, w_name};
+  job.in = check_weight_input(w, scale, zero_point, bias, options.group_size, w_name,
+                              is_w13 ? "w13_scale" : "w2_scale",
+                              is_w13 ? "w13_zero_point" : "w2_zero_point",
+                              is_w13 ? "w13_bias" : "w2_bias", options.weight_format);
   const bool mxfp4 = options.weight_format == WeightFormat::mxfp4;
   if (options.gate_up_layout != GateUpLayout::halves &&
       options.gate_up_layout != GateUpLayout::interleaved)
@@ -217,8 +238,8 @@ PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale
                              ? active_set()
                              : set_by_name(options.kernel_set, "PackOptions::kernel_set");
   job.g = make_geometry(set.layout, role, selected_experts(options, job.in.experts), job.in.rows,
-                        job.in.cols, options.group_size, scale_dtype, !bias.empty(), w_name);
-  job.g.weight_format = options.weight_format;
+                        job.in.cols, options.group_size, scale_dtype, !bias.empty(),
+                        options.weight_format, w_name);
 
   if (job.g.total_bytes > options.memory_limit)  // refuse before allocating
     throw Error(cat(w_name, ": the packed buffer needs ", job.g.total_bytes,
@@ -269,18 +290,28 @@ size_t packed_size(WeightRole role, int64_t experts, int64_t rows, int64_t cols,
                                      : detail::set_by_name(options.kernel_set, "kernel_set");
   experts = detail::selected_experts(options, experts);  // with the packer's checks
   return detail::make_geometry(set.layout, role, experts, rows, cols, options.group_size, stored,
-                               has_bias, argument)
+                               has_bias, options.weight_format, argument)
       .total_bytes;
 }
 
 PackedWeights pack_w13(const TensorView& w13, const TensorView& scale, const TensorView& bias,
                        const PackOptions& options) {
-  return detail::pack(WeightRole::w13, w13, scale, bias, options);
+  return detail::pack(WeightRole::w13, w13, scale, TensorView{}, bias, options);
 }
 
 PackedWeights pack_w2(const TensorView& w2, const TensorView& scale, const TensorView& bias,
                       const PackOptions& options) {
-  return detail::pack(WeightRole::w2, w2, scale, bias, options);
+  return detail::pack(WeightRole::w2, w2, scale, TensorView{}, bias, options);
+}
+
+PackedWeights pack_w13(const TensorView& w13, const TensorView& scale, const TensorView& zero_point,
+                       const TensorView& bias, const PackOptions& options) {
+  return detail::pack(WeightRole::w13, w13, scale, zero_point, bias, options);
+}
+
+PackedWeights pack_w2(const TensorView& w2, const TensorView& scale, const TensorView& zero_point,
+                      const TensorView& bias, const PackOptions& options) {
+  return detail::pack(WeightRole::w2, w2, scale, zero_point, bias, options);
 }
 
 }  // namespace w4a8moe

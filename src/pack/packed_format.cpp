@@ -40,7 +40,7 @@ static size_t align_up(size_t v) { return checked_add(v, kAlign - 1) / kAlign * 
 
 Geometry make_geometry(LayoutId layout, WeightRole role, int64_t experts, int64_t rows,
                        int64_t cols, int group_size, DType scale_dtype, bool has_bias,
-                       std::string_view argument) {
+                       WeightFormat weight_format, std::string_view argument) {
   const int64_t u32max = std::numeric_limits<uint32_t>::max();
   if (experts < 1 || experts > u32max || rows < 1 || rows > u32max || cols < 1 || cols > u32max)
     throw Error(cat(argument, ": expected experts, rows and columns in [1, 2^32), got ", experts,
@@ -75,6 +75,7 @@ Geometry make_geometry(LayoutId layout, WeightRole role, int64_t experts, int64_
   g.groups = g.cols_padded / g.group_len;
   g.scale_dtype = scale_dtype;
   g.has_bias = has_bias;
+  g.weight_format = weight_format;
   g.row_weight_bytes = g.cols_padded / 2;
 
   g.block_rows = kBlockRows;
@@ -84,9 +85,11 @@ Geometry make_geometry(LayoutId layout, WeightRole role, int64_t experts, int64_
   auto align16 = [](size_t v) { return checked_add(v, size_t{15}) / 16 * 16; };
   g.panel_weight_bytes = checked_mul(P, static_cast<size_t>(g.row_weight_bytes));
   g.panel_scales_offset = align16(g.panel_weight_bytes);
-  g.panel_correction_offset = align16(checked_add(
+  g.panel_zeros_offset = align16(checked_add(
       g.panel_scales_offset,
       checked_mul(checked_mul(P, static_cast<size_t>(g.groups)), dtype_bytes(scale_dtype))));
+  g.panel_correction_offset = align16(checked_add(
+      g.panel_zeros_offset, g.has_zeros() ? checked_mul(P, static_cast<size_t>(g.groups)) : 0));
   g.panel_bias_offset = align16(checked_add(g.panel_correction_offset, P * 4));
   g.panel_bytes =
       align_up(has_bias ? checked_add(g.panel_bias_offset, P * 4) : g.panel_bias_offset);
@@ -128,8 +131,10 @@ Geometry read_geometry(std::span<const uint8_t> packed, std::string_view argumen
     throw Error(cat(argument, ": invalid scale dtype code ", h.scale_dtype, " in header"));
   if ((h.flags & ~kFlagBias) != 0) throw Error(cat(argument, ": unknown header flags ", h.flags));
   const auto format = static_cast<WeightFormat>(h.weight_format);
-  if (format != WeightFormat::int4_symmetric && format != WeightFormat::mxfp4)
-    throw Error(cat(argument, ": expected weight format 0 (int4 symmetric) or 2 (mxfp4), got ",
+  if (!is_known_weight_format(h.weight_format))
+    throw Error(cat(argument,
+                    ": expected weight format 0 (int4 symmetric), 1 (int4 with zero points) or 2 "
+                    "(mxfp4), got ",
                     h.weight_format, " in header"));
   if (format == WeightFormat::mxfp4 &&
       (h.group_size != 32 || h.scale_dtype != static_cast<uint32_t>(DType::bf16)))
@@ -139,10 +144,10 @@ Geometry read_geometry(std::span<const uint8_t> packed, std::string_view argumen
   if (h.block_rows != kBlockRows)
     throw Error(cat(argument, ": expected blocks of ", kBlockRows, " rows, got ", h.block_rows,
                     " in header"));
-  Geometry g = make_geometry(
-      static_cast<LayoutId>(h.layout), static_cast<WeightRole>(h.role), h.experts, h.rows, h.cols,
-      h.group_size, static_cast<DType>(h.scale_dtype), (h.flags & kFlagBias) != 0, argument);
-  g.weight_format = format;
+  Geometry g =
+      make_geometry(static_cast<LayoutId>(h.layout), static_cast<WeightRole>(h.role), h.experts,
+                    h.rows, h.cols, h.group_size, static_cast<DType>(h.scale_dtype),
+                    (h.flags & kFlagBias) != 0, format, argument);
   if (g.expert_bytes != h.expert_bytes || g.total_bytes != h.total_bytes ||
       g.panel_bytes != h.panel_bytes)
     throw Error(cat(argument, ": the header's sizes do not match its dimensions"));

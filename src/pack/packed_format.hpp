@@ -1,7 +1,7 @@
 // The packed-weights buffer: a 128-byte header, then one 64-byte aligned block per expert.
 //
 //   expert block = [panel record 0][panel record 1]...      (each record 64-byte aligned)
-//   panel record = [weights][scales][correction][bias]      (each section 16-byte aligned)
+//   panel record = [weights][scales][zeros][correction][bias]   (each section 16-byte aligned)
 //
 // A panel is P stored rows (the layout's panel height). Its record holds everything a kernel
 // reads for those rows, so a run of consecutive panels is one contiguous run of memory.
@@ -15,7 +15,10 @@
 // weights:    P rows in the layout's order (LayoutId below)
 // scales:     for group b and lane r: element b * P + r, in the stored scale dtype (f32, bf16
 //             or f16)
-// correction: one 4-byte value per lane for the zero-point term:
+// zeros:      int4_zero_point only: for group b and lane r, byte b * P + r holds z + 8 in
+//             [0, 15], the zero point beside the weights' w + 8
+// correction: one 4-byte value per lane for the activations' zero-point term, over the
+//             weights' integer values w (int4_zero_point: w - z; mxfp4: 2 * e2m1):
 //               channelwise: int32  SUM_k w[n,k]
 //               groupwise:   f32    SUM_b s[n,b] * SUM_{k in b} w[n,k]   (summed in double)
 // bias:       f32 per lane, present when the header's bias flag is set
@@ -38,8 +41,8 @@ inline constexpr char kPackedMagic[8] = {'W', '4', 'A', '8', 'M', 'O', 'E', '\0'
 inline constexpr size_t kHeaderBytes = 128;
 inline constexpr size_t kAlign = 64;
 inline constexpr int64_t kBlock = kGroupBlock;  // K granularity of every layout
-// Largest input dimension: keeps every int32 sum exact in all kernels (|u * q| <= 24 * 128 =
-// 3072 per element for the unsigned weights u of any format, and 2^16 * 3072 < 2^31).
+// Largest input dimension: keeps every int32 sum exact in all kernels (|u * q| <= 30 * 128 =
+// 3840 per element for the unsigned weights u of any format, and 2^16 * 3840 < 2^31).
 inline constexpr int64_t kMaxCols = int64_t{1} << 16;
 
 // MXFP4: 2 * e2m1(code) for each 4-bit code (bit 3 the sign), an integer in [-12, 12].
@@ -50,6 +53,9 @@ inline constexpr int32_t kMxfp4Offset = 12;
 // 2 * e2m1(code) + kMxfp4Offset for each code, in [0, 24]: the u8 weights of those kernels.
 alignas(16) inline constexpr uint8_t kMxfp4Unsigned[16] = {12, 13, 14, 15, 16, 18, 20, 24,
                                                            12, 11, 10, 9,  8,  6,  4,  0};
+// int4 with zero points: the kernels that read offset weights multiply w - z + 15 in [0, 30]
+// (the nibble w + 8 plus 7 - z, per lane and group), their rows' group terms -15 * SUM q.
+inline constexpr int32_t kZeroPointOffset = 15;
 // Rows of each w13 part per block of the stored order (a multiple of every panel height).
 inline constexpr int64_t kBlockRows = 64;
 
@@ -120,17 +126,18 @@ struct Geometry {
   int64_t group_len = 0;  // elements per scale group (cols_padded when channelwise)
   int64_t groups = 0;     // scale groups per row
   DType scale_dtype = DType::f32;
-  // How the stored nibbles read: int4_symmetric as the layout says; mxfp4 in every layout the
-  // e2m1 code itself, whose value kernels take from kMxfp4Doubled (kMxfp4Offset more in the
-  // layouts of offset nibbles), with scales 2^(e - 128).
+  // How the stored nibbles read: int4_symmetric as the layout says; int4_zero_point the same,
+  // less the group's zero point (the zeros section); mxfp4 in every layout the e2m1 code itself,
+  // whose value kernels take from kMxfp4Doubled (kMxfp4Offset more in the layouts of offset
+  // nibbles), with scales 2^(e - 128).
   WeightFormat weight_format = WeightFormat::int4_symmetric;
   bool has_bias = false;
   int64_t row_weight_bytes = 0;
   int64_t block_rows = kBlockRows;  // rows of each part per block of the stored order
   int64_t panels = 0;               // rows_padded / P: records per expert
   // A panel record: weights at 0 (panel_weight_bytes), then scales, correction and bias.
-  size_t panel_weight_bytes = 0, panel_scales_offset = 0, panel_correction_offset = 0,
-         panel_bias_offset = 0;
+  size_t panel_weight_bytes = 0, panel_scales_offset = 0, panel_zeros_offset = 0,
+         panel_correction_offset = 0, panel_bias_offset = 0;
   size_t panel_bytes = 0;  // the record's size, a multiple of 64
   size_t expert_bytes = 0;
   size_t total_bytes = 0;
@@ -139,8 +146,11 @@ struct Geometry {
   // The offset of the unsigned weights the kernels of offset layouts multiply: the quantizer's
   // group terms for rows meeting these weights are -offset * SUM q (QuantRow::group_terms).
   int32_t group_term_offset() const noexcept {
-    return weight_format == WeightFormat::mxfp4 ? kMxfp4Offset : 8;
+    return weight_format == WeightFormat::mxfp4             ? kMxfp4Offset
+           : weight_format == WeightFormat::int4_zero_point ? kZeroPointOffset
+                                                            : 8;
   }
+  bool has_zeros() const noexcept { return weight_format == WeightFormat::int4_zero_point; }
   // Rows of part `part` in the block that starts at part row b0 (a multiple of block_rows).
   int64_t block_len(int64_t b0) const noexcept {
     return b0 + block_rows <= part_rows_padded ? block_rows : part_rows_padded - b0;
@@ -161,6 +171,10 @@ struct Geometry {
   Byte* panel_scales(Byte* expert, int64_t q) const noexcept {
     return panel_at(expert, q) + panel_scales_offset;
   }
+  template <class Byte>
+  Byte* panel_zeros(Byte* expert, int64_t q) const noexcept {
+    return panel_at(expert, q) + panel_zeros_offset;
+  }
   // The correction (bias) of stored row n; the rest of its panel's lanes follow it.
   template <class Byte>
   Byte* row_correction(Byte* expert, int64_t n) const noexcept {
@@ -176,7 +190,7 @@ struct Geometry {
 // Throws Error (naming `argument`) when the sizes overflow or the group size does not fit.
 Geometry make_geometry(LayoutId layout, WeightRole role, int64_t experts, int64_t rows,
                        int64_t cols, int group_size, DType scale_dtype, bool has_bias,
-                       std::string_view argument);
+                       WeightFormat weight_format, std::string_view argument);
 
 uint64_t header_checksum(const PackedHeader& header) noexcept;
 

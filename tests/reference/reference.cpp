@@ -168,7 +168,8 @@ void check_problem(const Problem& p) {
   if (!p.w2_bias.empty() && p.w2_bias.size() != E * H) fail("w2_bias must be [E, H]");
   for (const int64_t id : p.ids)
     if (id < 0 || id >= p.experts) fail("topk id " + std::to_string(id) + " out of range");
-  const int lo = p.mxfp4_values ? -12 : -8, hi = p.mxfp4_values ? 12 : 7;
+  const int lo = p.mxfp4_values ? -12 : p.zero_point_values ? -15 : -8;
+  const int hi = p.mxfp4_values ? 12 : p.zero_point_values ? 15 : 7;
   for (const int8_t w : p.w13)
     if (w < lo || w > hi) fail("w13 value out of its format's range");
   for (const int8_t w : p.w2)

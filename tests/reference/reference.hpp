@@ -60,6 +60,7 @@ struct Problem {
   // scales and biases follow the same rows.
   bool interleaved = false;
   bool mxfp4_values = false;
+  bool zero_point_values = false;  // int4 less its zero point: w - z in [-15, 15]
   std::vector<int8_t> w13{};       // [E, 2I, H]
   std::vector<float> w13_scale{};  // [E, 2I, H/g] or [E, 2I]
   std::vector<float> w13_bias{};   // empty or [E, 2I]

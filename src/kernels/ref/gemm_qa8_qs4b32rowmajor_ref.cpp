@@ -17,6 +17,7 @@ inline void unpack_block(const uint8_t* src, int8_t* w) noexcept {
   }
 }
 
+// (int4 with zero points: the same values, less the group's zero point.)
 // The same for mxfp4 codes: 2 * e2m1(code) (the scales hold 2^(e - 128)).
 inline void unpack_block_mxfp4(const uint8_t* src, int8_t* w) noexcept {
   for (int i = 0; i < 16; ++i) {
@@ -46,16 +47,20 @@ void gemm_qa8_qs4b32rowmajor(const GemmArgs& args) {
     // one row per panel record (P = 1)
     const uint8_t* wrow = g.panel_at(args.expert, n);
     const uint8_t* scales = g.panel_scales(args.expert, n);
+    const uint8_t* zeros = g.panel_zeros(args.expert, n);  // int4_zero_point: z + 8 per group
     float acc[kTileM] = {};
     int32_t dot[kTileM] = {};
     for (int64_t b = 0; b < g.groups; ++b) {
       int32_t gdot[kTileM] = {};
+      const int z = g.has_zeros() ? zeros[b] - 8 : 0;
       for (int64_t blk = 0; blk < blocks_per_group; ++blk) {
         const int64_t block = b * blocks_per_group + blk;
         if (mxfp4)
           unpack_block_mxfp4(wrow + block * (kBlock / 2), w);
         else
           unpack_block(wrow + block * (kBlock / 2), w);
+        if (z != 0)  // w - z in [-15, 15]
+          for (int i = 0; i < kBlock; ++i) w[i] = static_cast<int8_t>(w[i] - z);
         for (int64_t r = 0; r < m; ++r) gdot[r] += dot32(q[r] + block * kBlock, w);
       }
       if (g.channelwise()) {

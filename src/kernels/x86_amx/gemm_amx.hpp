@@ -186,6 +186,8 @@ class AmxUnpacker {
   void begin(int64_t p, int64_t k0, int64_t len, uint8_t* w, float* scale) {
     const int64_t panel = first_panel_ + p;
     src_ = g_.panel_at(expert_, panel) + k0 / 8 * 64;
+    zeros_ = g_.panel_zeros(expert_, panel);
+    col_ = k0;
     dst_ = w;
     left_ = len / 8;
     pf_.step(left_);  // the next task's lines, as many as this panel block reads
@@ -211,20 +213,52 @@ class AmxUnpacker {
       for (size_t i = 0; i < t.size(); ++i) t[i] = kMxfp4Doubled[i % 16];
       return t;
     }();
+    // int4 with zero points: the nibble w + 8 itself (j & 15), less z + 8 in each byte of its
+    // output's dword lane (the group's zeros spread by vpshufb): w - z in [-15, 15]
+    alignas(64) static constexpr auto kNibbleTable = [] {
+      std::array<int8_t, 64> t{};
+      for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<int8_t>(i % 16);
+      return t;
+    }();
+    alignas(64) static constexpr auto kSpread = [] {
+      std::array<uint8_t, 64> t{};
+      for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<uint8_t>(i / 4);
+      return t;
+    }();
+    const bool has_zeros = g_.has_zeros();
     const __m512i table =
-        _mm512_load_si512(g_.weight_format == WeightFormat::mxfp4 ? kMxfp4Table.data() : kTable);
+        _mm512_load_si512(g_.weight_format == WeightFormat::mxfp4 ? kMxfp4Table.data()
+                          : has_zeros                             ? kNibbleTable.data()
+                                                                  : kTable);
     n = std::min(n, left_);
     // locals: the stores below may alias any byte, members would be reloaded after each
     const uint8_t* src = src_;
     uint8_t* dst = dst_;
+    int64_t zeros_group = -1;
+    __m512i z = _mm512_setzero_si512();
     for (int64_t c = 0; c < n; ++c) {
+      if (has_zeros) {
+        const int64_t b = (col_ + c * 8) / g_.group_len;
+        if (b != zeros_group) {
+          zeros_group = b;
+          z = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128(
+                                      reinterpret_cast<const __m128i*>(zeros_ + b * kAmxPanel))),
+                                  _mm512_load_si512(kSpread.data()));
+        }
+      }
       const __m512i raw = _mm512_loadu_si512(src + c * 64);
-      _mm512_store_si512(dst + c * 128, _mm512_permutexvar_epi8(raw, table));
-      _mm512_store_si512(dst + c * 128 + 64,
-                         _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(high, raw), table));
+      __m512i lo = _mm512_permutexvar_epi8(raw, table);
+      __m512i hi = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(high, raw), table);
+      if (has_zeros) {
+        lo = _mm512_sub_epi8(lo, z);
+        hi = _mm512_sub_epi8(hi, z);
+      }
+      _mm512_store_si512(dst + c * 128, lo);
+      _mm512_store_si512(dst + c * 128 + 64, hi);
     }
     src_ = src + n * 64;
     dst_ = dst + n * 128;
+    col_ += n * 8;
     left_ -= n;
   }
   void finish() { step(left_); }
@@ -235,7 +269,9 @@ class AmxUnpacker {
   int64_t first_panel_;
   Prefetcher& pf_;
   const uint8_t* src_ = nullptr;
+  const uint8_t* zeros_ = nullptr;  // the panel's zero points (int4_zero_point)
   uint8_t* dst_ = nullptr;
+  int64_t col_ = 0;  // the column of the next chunk
   int64_t left_ = 0;
 };
 

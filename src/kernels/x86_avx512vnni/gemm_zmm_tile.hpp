@@ -36,10 +36,20 @@ namespace {
 constexpr int64_t kPanel = 16;
 
 // How a tile turns a weight byte's nibbles into u8 weights: int4 (offset nibbles: a mask each);
-// mxfp4 codes through kMxfp4Unsigned by `vpshufb` after the mask (any AVX-512 VNNI CPU), or by
-// `vpermb` (AVX-512 VBMI), which reads only 6 index bits and so needs no mask: the table
-// repeated over 64 bytes gives the same instruction count as int4.
-enum class Decode { int4, mxfp4_shuffle, mxfp4_permute };
+// int4 with zero points, the same plus 15 - (z + 8) per lane and group (w - z + 15 in [0, 30]:
+// two byte adds per chunk, shared by the tile's rows); mxfp4 codes through kMxfp4Unsigned by
+// `vpshufb` after the mask (any AVX-512 VNNI CPU), or by `vpermb` (AVX-512 VBMI), which reads only
+// 6 index bits and so needs no mask: the table repeated over 64 bytes gives the same instruction
+// count as int4.
+enum class Decode { int4, int4_zero_point, mxfp4_shuffle, mxfp4_permute };
+
+// Byte i of a zmm register: dword lane i / 4, so `vpshufb` by this spreads the 16 zero points
+// of a panel (one per output row, broadcast to each 128-bit lane) over the 4 bytes of its lane.
+alignas(64) constexpr auto kSpreadZeros = [] {
+  std::array<uint8_t, 64> t{};
+  for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<uint8_t>(i / 4);
+  return t;
+}();
 
 // kMxfp4Unsigned in each 128-bit lane (as `vpshufb` reads its table), and so in all 64 bytes.
 alignas(64) constexpr auto kMxfp4Lanes = [] {
@@ -57,7 +67,8 @@ inline __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t* p) {
 // Output rows [n0, n0 + 16 * NP) of the padded row space. kChunks: chunks of 8 columns per scale
 // group when known at compile time (4: group 32), else 0 (read from the geometry). kDecode: how
 // the nibbles become u8 weights (mxfp4: 2 * e2m1 + 12, the rows' group terms then being
-// -12 * SUM q; packed_format.hpp, kMxfp4Offset).
+// -12 * SUM q; zero points: w - z + 15, terms -15 * SUM q; packed_format.hpp, kMxfp4Offset and
+// kZeroPointOffset).
 template <int M, int NP, int kChunks, Decode kDecode = Decode::int4>
 void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
   const Geometry& g = *args.geometry;
@@ -69,6 +80,8 @@ void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
   const bool channelwise = g.group_size < 0;
   const __m512i low4 = _mm512_set1_epi8(0x0f);
   const __m512i mx_table = _mm512_load_si512(kMxfp4Lanes.data());
+  const __m512i spread_zeros = _mm512_load_si512(kSpreadZeros.data());
+  const auto zeros = static_cast<int64_t>(g.panel_zeros_offset);  // from a record
 
   const int8_t* q[M];
   for (int m = 0; m < M; ++m) q[m] = static_cast<const int8_t*>(args.a[m].data);
@@ -107,6 +120,16 @@ void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
     }
     const uint8_t* wc = w + b * chunks_per_group * 64;
     const int64_t k_begin = b * g.group_len;
+    // zero points: 15 - (z + 8) in each byte of a lane, added to its unpacked weights
+    __m512i adjust[kDecode == Decode::int4_zero_point ? NP : 1];
+    if constexpr (kDecode == Decode::int4_zero_point) {
+      for (int p = 0; p < NP; ++p) {
+        const __m512i z = _mm512_broadcast_i32x4(_mm_loadu_si128(
+            reinterpret_cast<const __m128i*>(w + p * panel_bytes + zeros + b * kPanel)));
+        adjust[p] = _mm512_sub_epi8(_mm512_set1_epi8(kZeroPointOffset),
+                                    _mm512_shuffle_epi8(z, spread_zeros));
+      }
+    }
     auto chunk = [&](int64_t c) __attribute__((always_inline)) {
       __m512i lo[NP], hi[NP];
       for (int p = 0; p < NP; ++p) {
@@ -122,6 +145,9 @@ void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
           if constexpr (kDecode == Decode::mxfp4_shuffle) {
             lo[p] = _mm512_shuffle_epi8(mx_table, lo[p]);
             hi[p] = _mm512_shuffle_epi8(mx_table, hi[p]);
+          } else if constexpr (kDecode == Decode::int4_zero_point) {
+            lo[p] = _mm512_add_epi8(lo[p], adjust[p]);
+            hi[p] = _mm512_add_epi8(hi[p], adjust[p]);
           }
         }
       }
@@ -210,6 +236,9 @@ void run(const GemmArgs& args) {
   // unrolled group body; other group sizes and channelwise scales loop over their chunks.
   if (args.geometry->weight_format == WeightFormat::mxfp4)  // always group 32
     run_chunks<M, NP, 4, Decode::mxfp4_shuffle>(args);
+  else if (args.geometry->has_zeros())
+    args.geometry->group_size == 32 ? run_chunks<M, NP, 4, Decode::int4_zero_point>(args)
+                                    : run_chunks<M, NP, 0, Decode::int4_zero_point>(args);
   else if (args.geometry->group_size == 32)
     run_chunks<M, NP, 4>(args);
   else

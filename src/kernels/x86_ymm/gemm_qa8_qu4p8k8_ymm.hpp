@@ -3,12 +3,13 @@
 // (internal linkage, so the two copies never mix): kVnni true is `vpdpbusd` ymm (VEX, AVX-VNNI),
 // false AVX2's `vpmaddubsw` + `vpmaddwd`. Panels of 8 rows; per chunk of 8 columns one 32-byte
 // load holds 8 rows x 8 offset nibbles (w + 8, u8), multiplied by s8 activations. AVX2 needs no
-// saturation care: u8 weights are at most 15, so a pair of products is at most 2 * 15 * 128 =
-// 3840 and two pairs added in int16 stay below 32767.
+// saturation care: u8 weights are at most 30 (int4 with zero points: w - z + 15), so a pair of
+// products is at most 2 * 30 * 128 = 7680 and two pairs added in int16 stay below 32767.
 #pragma once
 
 #include <immintrin.h>
 
+#include <array>
 #include <cassert>
 
 #include "kernels/common/gemm_rows.hpp"
@@ -38,6 +39,13 @@ inline void dot8(__m256i& acc_lo, __m256i& acc_hi, __m256i lo, __m256i al, __m25
   }
 }
 
+// Byte i of a ymm register: dword lane i / 4 (see the zero points in ymm_tile).
+alignas(32) constexpr auto kYmmSpreadZeros = [] {
+  std::array<uint8_t, 32> t{};
+  for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<uint8_t>(i / 4);
+  return t;
+}();
+
 inline __m256 load_scales_ymm(const uint8_t* base, DType dtype, int64_t index) {
   switch (dtype) {
     case DType::bf16:
@@ -54,8 +62,8 @@ inline __m256 load_scales_ymm(const uint8_t* base, DType dtype, int64_t index) {
 
 // Output rows [n0, n0 + 8 * NP) of the padded row space. kChunks: chunks of 8 columns per scale
 // group when known at compile time (4: group 32, fully unrolled), else 0 (read from the
-// geometry).
-template <bool kVnni, int M, int NP, int kChunks, bool kMxfp4>
+// geometry). kFormat: the weights' format (its nibbles' decoding).
+template <bool kVnni, int M, int NP, int kChunks, WeightFormat kFormat>
 void ymm_tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
   const Geometry& g = *args.geometry;
   const auto panel_bytes = static_cast<int64_t>(g.panel_bytes);  // panel p's record at w + p * it
@@ -65,10 +73,17 @@ void ymm_tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
   const int64_t chunks_per_group = kChunks > 0 ? kChunks : g.group_len / 8;
   const bool channelwise = g.group_size < 0;
   const __m256i low4 = _mm256_set1_epi8(0x0f);
-  // kMxfp4: the nibbles are mxfp4 codes, turned into u8 weights 2 * e2m1 + 12 by a `vpshufb`
-  // each (the rows' group terms are then -12 * SUM q: packed_format.hpp, kMxfp4Offset)
+  // mxfp4: the nibbles are codes, turned into u8 weights 2 * e2m1 + 12 by a `vpshufb` each (the
+  // rows' group terms are then -12 * SUM q: packed_format.hpp, kMxfp4Offset)
+  constexpr bool kMxfp4 = kFormat == WeightFormat::mxfp4;
   const __m256i mx_table = _mm256_broadcastsi128_si256(
       _mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4Unsigned)));
+  // int4 with zero points: the offset nibbles w + 8 plus 15 - (z + 8) per lane and group give
+  // w - z + 15 in [0, 30], the group terms -15 * SUM q (kZeroPointOffset)
+  constexpr bool kZeros = kFormat == WeightFormat::int4_zero_point;
+  const __m256i spread_zeros =
+      _mm256_load_si256(reinterpret_cast<const __m256i*>(kYmmSpreadZeros.data()));
+  const auto zeros = static_cast<int64_t>(g.panel_zeros_offset);  // from a record
 
   const int8_t* q[M];
   for (int m = 0; m < M; ++m) q[m] = static_cast<const int8_t*>(args.a[m].data);
@@ -104,6 +119,16 @@ void ymm_tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
     }
     const uint8_t* wc = w + b * chunks_per_group * 32;
     const int64_t k_begin = b * g.group_len;
+    __m256i adjust[kZeros ? NP : 1];
+    if constexpr (kZeros) {
+      for (int p = 0; p < NP; ++p) {
+        // the panel's 8 zero points in both 128-bit lanes, each spread over its lane's 4 bytes
+        const __m256i z = _mm256_broadcastsi128_si256(_mm_loadl_epi64(
+            reinterpret_cast<const __m128i*>(w + p * panel_bytes + zeros + b * kYmmPanel)));
+        adjust[p] = _mm256_sub_epi8(_mm256_set1_epi8(kZeroPointOffset),
+                                    _mm256_shuffle_epi8(z, spread_zeros));
+      }
+    }
     auto chunk = [&](int64_t c) __attribute__((always_inline)) {
       __m256i lo[NP], hi[NP];
       for (int p = 0; p < NP; ++p) {
@@ -114,6 +139,9 @@ void ymm_tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
         if constexpr (kMxfp4) {
           lo[p] = _mm256_shuffle_epi8(mx_table, lo[p]);
           hi[p] = _mm256_shuffle_epi8(mx_table, hi[p]);
+        } else if constexpr (kZeros) {
+          lo[p] = _mm256_add_epi8(lo[p], adjust[p]);
+          hi[p] = _mm256_add_epi8(hi[p], adjust[p]);
         }
       }
       const int64_t k = k_begin + c * 8;
@@ -186,22 +214,27 @@ void ymm_tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
   }
 }
 
-template <bool kVnni, int M, int NP, int kChunks, bool kMxfp4 = false>
+template <bool kVnni, int M, int NP, int kChunks,
+          WeightFormat kFormat = WeightFormat::int4_symmetric>
 void ymm_run_chunks(const GemmArgs& args) {
   for (int m = 0; m < M; ++m)
     assert(reinterpret_cast<const uint8_t*>(args.a[m].group_terms) ==
            static_cast<const uint8_t*>(args.a[m].data) + args.geometry->cols_padded);
   Prefetcher pf(args);
   for_each_panel_tile<kYmmPanel, NP>(
-      args, [&]<int P>(int64_t n0) { ymm_tile<kVnni, M, P, kChunks, kMxfp4>(args, n0, pf); });
+      args, [&]<int P>(int64_t n0) { ymm_tile<kVnni, M, P, kChunks, kFormat>(args, n0, pf); });
 }
 
 template <bool kVnni, int M, int NP>
 void ymm_run(const GemmArgs& args) {
   // Group 32 (the common case, where the per-group work weighs most) gets a fully unrolled
   // group body; other group sizes and channelwise scales loop over their chunks.
+  constexpr WeightFormat kZeros = WeightFormat::int4_zero_point;
   if (args.geometry->weight_format == WeightFormat::mxfp4)  // always group 32
-    ymm_run_chunks<kVnni, M, NP, 4, true>(args);
+    ymm_run_chunks<kVnni, M, NP, 4, WeightFormat::mxfp4>(args);
+  else if (args.geometry->has_zeros())
+    args.geometry->group_size == 32 ? ymm_run_chunks<kVnni, M, NP, 4, kZeros>(args)
+                                    : ymm_run_chunks<kVnni, M, NP, 0, kZeros>(args);
   else if (args.geometry->group_size == 32)
     ymm_run_chunks<kVnni, M, NP, 4>(args);
   else
