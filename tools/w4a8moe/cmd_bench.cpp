@@ -194,8 +194,10 @@ BenchLayer prepare_layer(const BenchOptions& o, const Parallel& parallel) {
   if (o.weights == "mxfp4") {
     b.format = WeightFormat::mxfp4;
     b.scale_dtype = DType::bf16;  // 2^(e - 128), as the packer stores it
+  } else if (o.weights == "int4_zp") {
+    b.format = WeightFormat::int4_zero_point;
   } else if (o.weights != "int4") {
-    throw Error("--weights: expected int4 or mxfp4, got '" + o.weights + "'");
+    throw Error("--weights: expected int4, int4_zp or mxfp4, got '" + o.weights + "'");
   }
   b.check = o.check && !b.from_file;
   b.params.activation = b.preset.activation;

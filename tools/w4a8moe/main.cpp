@@ -55,7 +55,8 @@ CLI::App* add_bench(CLI::App& app, BenchOptions& o) {
   c->add_option("--dtype", o.dtype, "activation dtype: f32, bf16 or f16")->capture_default_str();
   c->add_option("--scales", o.scales, "scale dtype: f32, bf16 or f16")->capture_default_str();
   c->add_option("--weights", o.weights,
-                "weight format: int4, or mxfp4 (e2m1 codes, e8m0 scales; group 32)")
+                "weight format: int4, int4_zp (int4 with zero points), or mxfp4 (e2m1 codes, "
+                "e8m0 scales; group 32)")
       ->capture_default_str();
   c->add_option("--routing", o.routing, "uniform or skewed (a few hot experts)")
       ->capture_default_str();

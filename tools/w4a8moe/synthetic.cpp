@@ -100,6 +100,14 @@ LogicalWeights SyntheticLayer::view() const {
     w.w13_scale = TensorView::of(s13.data(), scale_dtype, {E, 2 * I, H / group_size});
     w.w2_scale = TensorView::of(s2.data(), scale_dtype, {E, H, I / group_size});
   }
+  if (format == WeightFormat::int4_zero_point) {  // shaped like the scales
+    w.w13_zero_point = w.w13_scale;
+    w.w13_zero_point.data = z13.data();
+    w.w13_zero_point.dtype = DType::i8;
+    w.w2_zero_point = w.w2_scale;
+    w.w2_zero_point.data = z2.data();
+    w.w2_zero_point.dtype = DType::i8;
+  }
   if (!b13.empty()) {
     w.w13_bias = TensorView::of(b13.data(), DType::f32, {E, 2 * I});
     w.w2_bias = TensorView::of(b2.data(), DType::f32, {E, H});
@@ -132,6 +140,10 @@ SyntheticLayer make_layer(const Preset& preset, int group_size, DType scale_dtyp
   const size_t sb = dtype_bytes(scale_dtype);
   L.s13.resize(static_cast<size_t>(E * 2 * I * g13) * sb);
   L.s2.resize(static_cast<size_t>(E * H * g2) * sb);
+  if (format == WeightFormat::int4_zero_point) {
+    L.z13.resize(static_cast<size_t>(E * 2 * I * g13));
+    L.z2.resize(static_cast<size_t>(E * H * g2));
+  }
   if (preset.interleaved_bias) {
     L.b13.resize(static_cast<size_t>(E * 2 * I));
     L.b2.resize(static_cast<size_t>(E * H));
@@ -165,6 +177,11 @@ SyntheticLayer make_layer(const Preset& preset, int group_size, DType scale_dtyp
       };
       for (int64_t i = 0; i < 2 * I * g13; ++i) scale(L.s13, e * 2 * I * g13 + i, c13);
       for (int64_t i = 0; i < H * g2; ++i) scale(L.s2, e * H * g2 + i, c2);
+      const auto zero = [&] { return static_cast<int8_t>(static_cast<int>(r.next() % 5) - 2); };
+      for (size_t i = 0; i < (L.z13.empty() ? 0 : static_cast<size_t>(2 * I * g13)); ++i)
+        L.z13[static_cast<size_t>(e * 2 * I * g13) + i] = zero();
+      for (size_t i = 0; i < (L.z2.empty() ? 0 : static_cast<size_t>(H * g2)); ++i)
+        L.z2[static_cast<size_t>(e * H * g2) + i] = zero();
       for (size_t i = 0; i < (L.b13.empty() ? 0 : static_cast<size_t>(2 * I)); ++i)
         L.b13[static_cast<size_t>(e * 2 * I) + i] = static_cast<float>(0.1 * r.normal());
       for (size_t i = 0; i < (L.b2.empty() ? 0 : static_cast<size_t>(H)); ++i)

@@ -29,11 +29,13 @@ struct SyntheticLayer {
   std::vector<uint8_t> w13, w2;  // [E, 2I, H/2], [E, H, I/2]: int4 nibbles or mxfp4 codes
   std::vector<uint8_t> s13, s2;  // raw scale bytes in scale_dtype
   std::vector<float> b13, b2;    // empty, or [E, 2I], [E, H]
+  std::vector<int8_t> z13, z2;   // int4_zero_point: zero points shaped like the scales
   LogicalWeights view() const;   // views over the above
 };
 
 // progress(fraction) is called from the generating thread now and then.
-// format mxfp4: group_size 32, random codes and e8m0 exponents (scale_dtype is ignored: u8).
+// format mxfp4: group_size 32, random codes and e8m0 exponents (scale_dtype is ignored: u8);
+// int4_zero_point: zero points in [-2, 2], near the middle as asymmetric quantizers find them.
 SyntheticLayer make_layer(const Preset& preset, int group_size, DType scale_dtype, uint64_t seed,
                           void (*progress)(double, void*), void* progress_ctx,
                           WeightFormat format = WeightFormat::int4_symmetric);
