@@ -378,7 +378,7 @@ std::tuple<Tensor, Tensor> with_default_pack_options(
 // Companions
 
 using InfoTuple = std::tuple<int64_t, std::string, std::string, int64_t, int64_t, int64_t, int64_t,
-                             std::string, bool, int64_t, int64_t>;
+                             std::string, bool, int64_t, int64_t, std::string>;
 
 InfoTuple packed_info_cpu(const Tensor& packed) {
   return translate_errors([&] {
@@ -393,7 +393,8 @@ InfoTuple packed_info_cpu(const Tensor& packed) {
                      w4a8moe::dtype_name(i.scale_dtype),
                      i.has_bias,
                      static_cast<int64_t>(i.expert_bytes),
-                     static_cast<int64_t>(i.total_bytes)};
+                     static_cast<int64_t>(i.total_bytes),
+                     w4a8moe::weight_format_name(i.weight_format)};
   });
 }
 
@@ -481,7 +482,7 @@ TORCH_LIBRARY(w4a8moe, m) {
   m.def(
       "packed_info(Tensor packed) -> (int version, str layout, str role, int experts, int rows, "
       "int cols, int group_size, str scale_dtype, bool has_bias, int expert_bytes, "
-      "int total_bytes)");
+      "int total_bytes, str weight_format)");
   m.def(
       "is_supported_config(ScalarType dtype, int hidden_size, int intermediate_size, "
       "int num_experts, int top_k, int group_size, int activation_kind) -> (bool, str)",

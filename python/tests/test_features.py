@@ -105,6 +105,7 @@ def test_group_sizes(group_size, dtype):
     x, ids, wts = make_inputs(33, 384, 4, 2, 7, dtype)
     out = w4a8moe.moe(x, ids, wts, *weights.pack())
     assert w4a8moe.packed_info(weights.pack()[0]).group_size == group_size
+    assert w4a8moe.packed_info(weights.pack()[0]).weight_format == "int4_symmetric"
     assert_matches(out, weights.reference(x, ids, wts), f"g={group_size}")
 
 
@@ -356,6 +357,7 @@ def test_mxfp4_weights_match_the_reference(layout):
     x, ids, wts = make_inputs(24, H, E, 2, 3)
     p13, p2 = w4a8moe.pack(c13, c2, e13, e2, 32, b13, b2, gate_up_layout=layout)
     assert w4a8moe.packed_info(p13).scale_dtype == "bf16"
+    assert w4a8moe.packed_info(p13).weight_format == "mxfp4"
     out = w4a8moe.moe(x, ids, wts, p13, p2, activation="swigluoai")
     ref = w4a8moe.reference_moe(x, ids, wts, v13, v2, s13, s2, 32, b13, b2,
                                 activation="swigluoai", gate_up_layout=layout)

@@ -90,6 +90,7 @@ class PackedInfo(NamedTuple):
     has_bias: bool
     expert_bytes: int
     total_bytes: int
+    weight_format: str  # "int4_symmetric", "int4_zero_point" or "mxfp4"
 
 
 def packed_info(packed: torch.Tensor) -> PackedInfo:

@@ -30,8 +30,8 @@ inline int32x4_t row_sums(int16x8_t rows01, int16x8_t rows23) {
   return vpaddq_s32(vpaddlq_s16(rows01), vpaddlq_s16(rows23));
 }
 
-// M activation rows x NP panels of 8 output rows from padded row n0; kMxfp4: mxfp4 codes.
-template <int M, int NP, bool kMxfp4>
+// M activation rows x NP panels of 8 output rows from padded row n0; kFormat: the weights'.
+template <int M, int NP, WeightFormat kFormat>
 void tile(const GemmArgs& args, int64_t n0) {
   const Geometry& g = *args.geometry;
   const auto panel_bytes = static_cast<int64_t>(g.panel_bytes);  // panel p's record at w + p * it
@@ -47,6 +47,9 @@ void tile(const GemmArgs& args, int64_t n0) {
 
   for (int64_t b = 0; b < g.groups; ++b) {
     start_group<M, NP>(args, b, sum);
+    ZeroAdjust adjust[NP];
+    for (int p = 0; p < NP; ++p)
+      adjust[p] = zero_adjust<kFormat>(g, args.expert, first_panel + p, b, kRowsP8k8);
     for (int64_t k0 = b * g.group_len; k0 < (b + 1) * g.group_len; k0 += 32) {
       int16x8_t acc[M][NP][4];  // rows 0-1, 2-3, 4-5, 6-7
       for (int m = 0; m < M; ++m)
@@ -58,10 +61,10 @@ void tile(const GemmArgs& args, int64_t n0) {
         for (int p = 0; p < NP; ++p) {
           const uint8_t* wc = w + p * panel_bytes + k * 4;
           const uint8x16_t r0 = vld1q_u8(wc), r1 = vld1q_u8(wc + 16);
-          lo0[p] = weights_of<kMxfp4>(vandq_u8(r0, low4));
-          hi0[p] = weights_of<kMxfp4>(vshrq_n_u8(r0, 4));
-          lo1[p] = weights_of<kMxfp4>(vandq_u8(r1, low4));
-          hi1[p] = weights_of<kMxfp4>(vshrq_n_u8(r1, 4));
+          lo0[p] = weights_of<kFormat>(vandq_u8(r0, low4), adjust[p].reg[0]);
+          hi0[p] = weights_of<kFormat>(vshrq_n_u8(r0, 4), adjust[p].reg[0]);
+          lo1[p] = weights_of<kFormat>(vandq_u8(r1, low4), adjust[p].reg[1]);
+          hi1[p] = weights_of<kFormat>(vshrq_n_u8(r1, 4), adjust[p].reg[1]);
         }
         for (int m = 0; m < M; ++m) {
           const int8x16_t al = broadcast4(q[m] + k), ah = broadcast4(q[m] + k + 4);
@@ -92,8 +95,8 @@ void tile(const GemmArgs& args, int64_t n0) {
 void gemm_qa8_qu4p8k8(const GemmArgs& args) {
   // 1 row: two panels per tile (more independent chains); more rows: one.
   gemm_panel_tiles<kTileM, kPanel, 2, 1>(
-      args, []<int M, int NP, bool kMxfp4>(const GemmArgs& a, int64_t n0) {
-        tile<M, NP, kMxfp4>(a, n0);
+      args, []<int M, int NP, WeightFormat kFormat>(const GemmArgs& a, int64_t n0) {
+        tile<M, NP, kFormat>(a, n0);
       });
 }
 

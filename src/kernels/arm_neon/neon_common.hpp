@@ -34,24 +34,64 @@ inline float32x4_t load_scales4(const uint8_t* base, DType dtype, int64_t index)
   }
 }
 
+// int4 with zero points: for one panel and scale group, the byte 15 - (z + 8) of each output
+// row wherever the layout keeps that row's weights in the 16-byte registers of 64 weight bytes
+// (register i, byte j: row kRows[i][j]). Added to the offset nibbles w + 8 it gives w - z + 15 in
+// [0, 30], which the kernels multiply from group terms -15 * SUM q (packed_format.hpp,
+// kZeroPointOffset): one `tbl` per register and group, one add per unpacked register.
+struct ZeroAdjust {
+  uint8x16_t reg[4];
+};
+// qu4_p8k8: per chunk of 32 bytes, rows 0-3 then rows 4-7, 4 bytes each.
+alignas(16) constexpr uint8_t kRowsP8k8[4][16] = {{0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3},
+                                                  {4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7},
+                                                  {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3},
+                                                  {4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7}};
+// qu4_p8k16: register i holds row pair (2i, 2i + 1), 8 bytes each.
+alignas(16) constexpr uint8_t kRowsP8k16[4][16] = {
+    {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1},
+    {2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3},
+    {4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5},
+    {6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7}};
+
+// The adjustment of group b of panel `panel` (kFormat other than int4_zero_point: unused zeros).
+template <WeightFormat kFormat>
+inline ZeroAdjust zero_adjust(const Geometry& g, const uint8_t* expert, int64_t panel, int64_t b,
+                              const uint8_t (&rows)[4][16]) {
+  ZeroAdjust a;
+  if constexpr (kFormat == WeightFormat::int4_zero_point) {
+    const uint8x8_t z = vld1_u8(g.panel_zeros(expert, panel) + b * 8);
+    const uint8x16_t table = vcombine_u8(z, z);
+    for (int i = 0; i < 4; ++i)
+      a.reg[i] = vsubq_u8(vdupq_n_u8(kZeroPointOffset), vqtbl1q_u8(table, vld1q_u8(rows[i])));
+  } else {
+    for (int i = 0; i < 4; ++i) a.reg[i] = vdupq_n_u8(0);
+  }
+  return a;
+}
+
 // Nibbles (one per byte) as the s8 weights the kernels multiply: offset nibbles (int4: w + 8) as
-// they are; mxfp4 codes through a `tbl` of 2 * e2m1 + 12 (packed_format.hpp, kMxfp4Unsigned).
-template <bool kMxfp4>
-inline int8x16_t weights_of(uint8x16_t nibbles) {
-  if constexpr (kMxfp4)
+// they are; with zero points plus their adjustment; mxfp4 codes through a `tbl` of 2 * e2m1 + 12
+// (packed_format.hpp, kMxfp4Unsigned).
+template <WeightFormat kFormat>
+inline int8x16_t weights_of(uint8x16_t nibbles, uint8x16_t adjust) {
+  if constexpr (kFormat == WeightFormat::mxfp4)
     return vreinterpretq_s8_u8(vqtbl1q_u8(vld1q_u8(kMxfp4Unsigned), nibbles));
+  else if constexpr (kFormat == WeightFormat::int4_zero_point)
+    return vreinterpretq_s8_u8(vaddq_u8(nibbles, adjust));
   else
     return vreinterpretq_s8_u8(nibbles);
 }
 
 // The 64 bytes of nibbles at wc as s8 weights: byte 16 * i + j's low nibble in lane j of lo[i],
 // its high nibble in lane j of hi[i].
-template <bool kMxfp4>
-inline void unpack64(const uint8_t* wc, uint8x16_t low4, int8x16_t (&lo)[4], int8x16_t (&hi)[4]) {
+template <WeightFormat kFormat>
+inline void unpack64(const uint8_t* wc, uint8x16_t low4, const ZeroAdjust& adjust,
+                     int8x16_t (&lo)[4], int8x16_t (&hi)[4]) {
   for (int i = 0; i < 4; ++i) {
     const uint8x16_t r = vld1q_u8(wc + 16 * i);
-    lo[i] = weights_of<kMxfp4>(vandq_u8(r, low4));
-    hi[i] = weights_of<kMxfp4>(vshrq_n_u8(r, 4));
+    lo[i] = weights_of<kFormat>(vandq_u8(r, low4), adjust.reg[i]);
+    hi[i] = weights_of<kFormat>(vshrq_n_u8(r, 4), adjust.reg[i]);
   }
 }
 

@@ -22,8 +22,8 @@ namespace w4a8moe::detail::neondot {
 
 namespace {
 
-// M activation rows x NP panels of 8 output rows from padded row n0; kMxfp4: mxfp4 codes.
-template <int M, int NP, bool kMxfp4>
+// M activation rows x NP panels of 8 output rows from padded row n0; kFormat: the weights'.
+template <int M, int NP, WeightFormat kFormat>
 void tile(const GemmArgs& args, int64_t n0) {
   const Geometry& g = *args.geometry;
   const auto panel_bytes = static_cast<int64_t>(g.panel_bytes);  // panel p's record at w + p * it
@@ -39,13 +39,16 @@ void tile(const GemmArgs& args, int64_t n0) {
 
   for (int64_t b = 0; b < g.groups; ++b) {
     start_group<M, NP>(args, b, sum);
+    ZeroAdjust adjust[NP];
+    for (int p = 0; p < NP; ++p)
+      adjust[p] = zero_adjust<kFormat>(g, args.expert, first_panel + p, b, kRowsP8k8);
     for (int64_t k = b * g.group_len; k < (b + 1) * g.group_len; k += 16) {
       int8x16_t a[M];
       for (int m = 0; m < M; ++m) a[m] = vld1q_s8(q[m] + k);
       for (int p = 0; p < NP; ++p) {
         const uint8_t* wc = w + p * panel_bytes + k * 4;  // two chunks of 8 columns, 64 bytes
         int8x16_t lo[4], hi[4];
-        unpack64<kMxfp4>(wc, low4, lo, hi);
+        unpack64<kFormat>(wc, low4, adjust[p], lo, hi);
         for (int m = 0; m < M; ++m) {
           int32x4_t* s = sum[m][p];
           s[0] = vdotq_laneq_s32(s[0], lo[0], a[m], 0);
@@ -70,8 +73,8 @@ void tile(const GemmArgs& args, int64_t n0) {
 void gemm_qa8_qu4p8k8(const GemmArgs& args) {
   // 1 row: four panels per tile (more independent chains); more rows: two.
   gemm_panel_tiles<kTileM, kPanel, 4, 2>(
-      args, []<int M, int NP, bool kMxfp4>(const GemmArgs& a, int64_t n0) {
-        tile<M, NP, kMxfp4>(a, n0);
+      args, []<int M, int NP, WeightFormat kFormat>(const GemmArgs& a, int64_t n0) {
+        tile<M, NP, kFormat>(a, n0);
       });
 }
 

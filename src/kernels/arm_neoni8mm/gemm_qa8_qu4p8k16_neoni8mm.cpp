@@ -41,7 +41,7 @@ inline int32x4_t cols23(int32x4_t v) { return vcombine_s32(vget_high_s32(v), vge
 
 // One activation row x NP panels by `sdot`: the row's 8 columns broadcast twice line up with a
 // row pair's 2 x 8 columns; lanes (out n, columns 0-3), (out n, 4-7), (out n + 1, 0-3), ...
-template <int NP, bool kMxfp4>
+template <int NP, WeightFormat kFormat>
 void tile_row(const GemmArgs& args, int64_t n0) {
   const Geometry& g = *args.geometry;
   const auto panel_bytes = static_cast<int64_t>(g.panel_bytes);  // panel p's record at w + p * it
@@ -63,14 +63,19 @@ void tile_row(const GemmArgs& args, int64_t n0) {
     int32x4_t acc[NP][4];
     for (int p = 0; p < NP; ++p)
       for (int c = 0; c < 4; ++c) acc[p][c] = vdupq_n_s32(0);
+    ZeroAdjust adjust[NP];
+    for (int p = 0; p < NP; ++p)
+      adjust[p] = zero_adjust<kFormat>(g, args.expert, first_panel + p, b, kRowsP8k16);
     for (int64_t k = b * g.group_len; k < (b + 1) * g.group_len; k += 16) {
       const int8x16_t alo = broadcast8(q + k), ahi = broadcast8(q + k + 8);
       for (int p = 0; p < NP; ++p) {
         const uint8_t* wc = w + p * panel_bytes + k * 4;
         for (int c = 0; c < 4; ++c) {
           const uint8x16_t r = vld1q_u8(wc + 16 * c);
-          acc[p][c] = vdotq_s32(acc[p][c], weights_of<kMxfp4>(vandq_u8(r, low4)), alo);
-          acc[p][c] = vdotq_s32(acc[p][c], weights_of<kMxfp4>(vshrq_n_u8(r, 4)), ahi);
+          acc[p][c] =
+              vdotq_s32(acc[p][c], weights_of<kFormat>(vandq_u8(r, low4), adjust[p].reg[c]), alo);
+          acc[p][c] =
+              vdotq_s32(acc[p][c], weights_of<kFormat>(vshrq_n_u8(r, 4), adjust[p].reg[c]), ahi);
         }
       }
     }
@@ -107,7 +112,7 @@ void tile_row(const GemmArgs& args, int64_t n0) {
 
 // MP pairs of activation rows (the last row repeated when m is odd) x one panel by `smmla`.
 // Block (i, c): rows 2i, 2i + 1 x output rows n0 + 2c, n0 + 2c + 1.
-template <int MP, bool kMxfp4>
+template <int MP, WeightFormat kFormat>
 void tile_pairs(const GemmArgs& args, int64_t n0) {
   const Geometry& g = *args.geometry;
   const int64_t panel = n0 / kPanel;
@@ -127,6 +132,7 @@ void tile_pairs(const GemmArgs& args, int64_t n0) {
       sum[i][c] = vdupq_n_s32(0);
     }
   for (int64_t b = 0; b < g.groups; ++b) {
+    const ZeroAdjust adjust = zero_adjust<kFormat>(g, args.expert, panel, b, kRowsP8k16);
     for (int i = 0; i < MP; ++i) {
       const int32x4_t term = vcombine_s32(vdup_n_s32(rows[2 * i]->group_terms[b]),
                                           vdup_n_s32(rows[2 * i + 1]->group_terms[b]));
@@ -138,7 +144,7 @@ void tile_pairs(const GemmArgs& args, int64_t n0) {
       // scheduling before register allocation off, see CMakeLists.txt).
       const uint8_t* wc = w + k * 4;
       int8x16_t lo[4], hi[4];
-      unpack64<kMxfp4>(wc, low4, lo, hi);
+      unpack64<kFormat>(wc, low4, adjust, lo, hi);
       for (int i = 0; i < MP; ++i) {
         const int64x2_t r0 =
             vreinterpretq_s64_s8(vld1q_s8(static_cast<const int8_t*>(rows[2 * i]->data) + k));
@@ -208,37 +214,41 @@ void tile_pairs(const GemmArgs& args, int64_t n0) {
   }
 }
 
-template <int MP, bool kMxfp4>
+template <int MP, WeightFormat kFormat>
 void run_pairs(const GemmArgs& args) {
-  for (int64_t n = args.n_begin; n < args.n_end; n += kPanel) tile_pairs<MP, kMxfp4>(args, n);
+  for (int64_t n = args.n_begin; n < args.n_end; n += kPanel) tile_pairs<MP, kFormat>(args, n);
 }
 
-template <bool kMxfp4>
+template <WeightFormat kFormat>
 void gemm(const GemmArgs& args) {
   switch (args.m) {
     case 1:
       return for_each_panel_tile<kPanel, 2>(
-          args, [&]<int NP>(int64_t n0) { tile_row<NP, kMxfp4>(args, n0); });
+          args, [&]<int NP>(int64_t n0) { tile_row<NP, kFormat>(args, n0); });
     case 2:
-      return run_pairs<1, kMxfp4>(args);
+      return run_pairs<1, kFormat>(args);
     case 3:
     case 4:
-      return run_pairs<2, kMxfp4>(args);
+      return run_pairs<2, kFormat>(args);
     case 5:
     case 6:
-      return run_pairs<3, kMxfp4>(args);
+      return run_pairs<3, kFormat>(args);
     default:
-      return run_pairs<4, kMxfp4>(args);
+      return run_pairs<4, kFormat>(args);
   }
 }
 
 }  // namespace
 
 void gemm_qa8_qu4p8k16(const GemmArgs& args) {
-  if (args.geometry->weight_format == WeightFormat::mxfp4)
-    gemm<true>(args);
-  else
-    gemm<false>(args);
+  switch (args.geometry->weight_format) {
+    case WeightFormat::mxfp4:
+      return gemm<WeightFormat::mxfp4>(args);
+    case WeightFormat::int4_zero_point:
+      return gemm<WeightFormat::int4_zero_point>(args);
+    default:
+      return gemm<WeightFormat::int4_symmetric>(args);
+  }
 }
 
 }  // namespace w4a8moe::detail::neoni8mm

@@ -30,24 +30,27 @@ consteval std::array<GemmFn, kTileM> gemm_by_rows(Pick pick) {
   (std::make_integer_sequence<int, kTileM>());
 }
 
-// The GEMM of a set whose register tile is tile.template operator()<M, NP, kMxfp4>(args, n0) (M
-// rows x NP panels of kPanel rows from padded row n0; kMxfp4: the weights are mxfp4 codes), for
+// The GEMM of a set whose register tile is tile.template operator()<M, NP, kFormat>(args, n0) (M
+// rows x NP panels of kPanel rows from padded row n0; kFormat: the weights' WeightFormat), for
 // calls of m = 1..kTileM rows: one instantiation per row count and weight format, its output rows
 // in tiles of kPanelsOneRow panels for one row, kPanels for more.
 template <int kTileM, int64_t kPanel, int kPanelsOneRow, int kPanels, class Tile>
 inline void gemm_panel_tiles(const GemmArgs& args, Tile) {
-  constexpr auto by_rows = []<bool kMxfp4>() {
+  constexpr auto by_rows = []<WeightFormat kFormat>() {
     return gemm_by_rows<kTileM>([]<int M>() -> GemmFn {
       return [](const GemmArgs& a) {
         for_each_panel_tile<kPanel, M == 1 ? kPanelsOneRow : kPanels>(
-            a, [&]<int NP>(int64_t n0) { Tile{}.template operator()<M, NP, kMxfp4>(a, n0); });
+            a, [&]<int NP>(int64_t n0) { Tile{}.template operator()<M, NP, kFormat>(a, n0); });
       };
     });
   };
-  static constexpr auto kInt4 = by_rows.template operator()<false>();
-  static constexpr auto kMxfp4 = by_rows.template operator()<true>();
-  const bool mxfp4 = args.geometry->weight_format == WeightFormat::mxfp4;
-  (mxfp4 ? kMxfp4 : kInt4)[static_cast<size_t>(args.m - 1)](args);
+  static constexpr auto kInt4 = by_rows.template operator()<WeightFormat::int4_symmetric>();
+  static constexpr auto kZeros = by_rows.template operator()<WeightFormat::int4_zero_point>();
+  static constexpr auto kMxfp4 = by_rows.template operator()<WeightFormat::mxfp4>();
+  const WeightFormat format = args.geometry->weight_format;
+  (format == WeightFormat::mxfp4             ? kMxfp4
+   : format == WeightFormat::int4_zero_point ? kZeros
+                                             : kInt4)[static_cast<size_t>(args.m - 1)](args);
 }
 
 }  // namespace
