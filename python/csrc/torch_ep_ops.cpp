@@ -153,7 +153,9 @@ std::tuple<Tensor, Tensor> pack_shard(const Tensor& w13_weight, const Tensor& w2
                                       const c10::optional<Tensor>& w13_bias,
                                       const c10::optional<Tensor>& w2_bias,
                                       std::string gate_up_layout, std::string scale_storage,
-                                      std::string kernel_set) {
+                                      std::string kernel_set,
+                                      const c10::optional<Tensor>& w13_weight_zero_point,
+                                      const c10::optional<Tensor>& w2_weight_zero_point) {
   return translate_errors([&] {
     const int64_t hidden = logical_cols(w13_weight, "w13_weight");
     const int64_t inter = logical_cols(w2_weight, "w2_weight");
@@ -162,32 +164,41 @@ std::tuple<Tensor, Tensor> pack_shard(const Tensor& w13_weight, const Tensor& w2
         pack_options(group_size, gate_up_layout, scale_storage, kernel_set, experts);
     if constexpr (Meta) {
       auto bytes = [&](w4a8moe::WeightRole role, int64_t rows, int64_t cols, const Tensor& scale,
-                       bool bias, const char* name) {
-        return static_cast<int64_t>(w4a8moe::packed_size(role, w13_weight.size(0), rows, cols,
-                                                         to_dtype(scale.scalar_type(), name), bias,
-                                                         with_format_of(options, scale), name));
+                       const c10::optional<Tensor>& zero_point, bool bias, const char* name) {
+        return static_cast<int64_t>(w4a8moe::packed_size(
+            role, w13_weight.size(0), rows, cols, to_dtype(scale.scalar_type(), name), bias,
+            with_format_of(options, scale, zero_point), name));
       };
       const auto o = w13_weight.options().dtype(at::kByte);
-      return std::make_tuple(at::empty({bytes(w4a8moe::WeightRole::w13, 2 * inter, hidden,
-                                              w13_weight_scale, has(w13_bias), "w13_weight_scale")},
-                                       o),
-                             at::empty({bytes(w4a8moe::WeightRole::w2, hidden, inter,
-                                              w2_weight_scale, has(w2_bias), "w2_weight_scale")},
-                                       o));
+      return std::make_tuple(
+          at::empty({bytes(w4a8moe::WeightRole::w13, 2 * inter, hidden, w13_weight_scale,
+                           w13_weight_zero_point, has(w13_bias), "w13_weight_scale")},
+                    o),
+          at::empty({bytes(w4a8moe::WeightRole::w2, hidden, inter, w2_weight_scale,
+                           w2_weight_zero_point, has(w2_bias), "w2_weight_scale")},
+                    o));
     } else {
       // contiguous copies (none when already contiguous), alive until packing ends
-      Tensor t[6] = {w13_weight, w13_weight_scale, has(w13_bias) ? *w13_bias : Tensor(),
-                     w2_weight,  w2_weight_scale,  has(w2_bias) ? *w2_bias : Tensor()};
-      const char* names[6] = {"w13_weight", "w13_weight_scale", "w13_bias",
-                              "w2_weight",  "w2_weight_scale",  "w2_bias"};
-      w4a8moe::TensorView v[6];
-      for (int i = 0; i < 6; ++i)
+      Tensor t[8] = {w13_weight,
+                     w13_weight_scale,
+                     has(w13_bias) ? *w13_bias : Tensor(),
+                     has(w13_weight_zero_point) ? *w13_weight_zero_point : Tensor(),
+                     w2_weight,
+                     w2_weight_scale,
+                     has(w2_bias) ? *w2_bias : Tensor(),
+                     has(w2_weight_zero_point) ? *w2_weight_zero_point : Tensor()};
+      const char* names[8] = {"w13_weight", "w13_weight_scale", "w13_bias", "w13_weight_zero_point",
+                              "w2_weight",  "w2_weight_scale",  "w2_bias",  "w2_weight_zero_point"};
+      w4a8moe::TensorView v[8];
+      for (int i = 0; i < 8; ++i)
         if (t[i].defined()) v[i] = view_of(t[i], names[i]);
-      Tensor p13 =
-          to_tensor(w4a8moe::pack_w13(v[0], v[1], v[2], with_format_of(options, w13_weight_scale)));
-      w4a8moe::PackOptions w2_options = with_format_of(options, w2_weight_scale);
+      Tensor p13 = to_tensor(
+          w4a8moe::pack_w13(v[0], v[1], v[3], v[2],
+                            with_format_of(options, w13_weight_scale, w13_weight_zero_point)));
+      w4a8moe::PackOptions w2_options =
+          with_format_of(options, w2_weight_scale, w2_weight_zero_point);
       w2_options.gate_up_layout = w4a8moe::GateUpLayout::halves;
-      Tensor p2 = to_tensor(w4a8moe::pack_w2(v[3], v[4], v[5], w2_options));
+      Tensor p2 = to_tensor(w4a8moe::pack_w2(v[4], v[5], v[7], v[6], w2_options));
       return std::make_tuple(p13, p2);
     }
   });
@@ -362,7 +373,8 @@ TORCH_LIBRARY_FRAGMENT(w4a8moe, m) {
       "convert_to_w4a8_int8_moe_format_shard(Tensor w13_weight, Tensor w2_weight, "
       "Tensor w13_weight_scale, Tensor w2_weight_scale, int group_size, Tensor experts, "
       "Tensor? w13_bias=None, Tensor? w2_bias=None, str gate_up_layout=\"halves\", "
-      "str scale_storage=\"as_given\", str kernel_set=\"\") -> (Tensor, Tensor)");
+      "str scale_storage=\"as_given\", str kernel_set=\"\", Tensor? w13_weight_zero_point=None, "
+      "Tensor? w2_weight_zero_point=None) -> (Tensor, Tensor)");
   m.def(
       "forward_local(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13_packed, "
       "Tensor w2_packed, Tensor expert_map, bool apply_router_weight_on_input=False, "

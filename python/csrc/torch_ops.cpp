@@ -297,6 +297,8 @@ struct PackArgs {
   const Tensor& w2_weight_scale;
   const c10::optional<Tensor>& w13_bias;
   const c10::optional<Tensor>& w2_bias;
+  const c10::optional<Tensor>& w13_zero_point;
+  const c10::optional<Tensor>& w2_zero_point;
   LogicalShape shape;
   w4a8moe::PackOptions options;
 };
@@ -307,11 +309,13 @@ std::tuple<Tensor, Tensor> pack_ex(const Tensor& w13_weight, const Tensor& w2_we
                                    const Tensor& w13_weight_scale, const Tensor& w2_weight_scale,
                                    int64_t group_size, const c10::optional<Tensor>& w13_bias,
                                    const c10::optional<Tensor>& w2_bias, std::string gate_up_layout,
-                                   std::string scale_storage, std::string kernel_set) {
+                                   std::string scale_storage, std::string kernel_set,
+                                   const c10::optional<Tensor>& w13_weight_zero_point,
+                                   const c10::optional<Tensor>& w2_weight_zero_point) {
   return translate_errors([&] {
     const LogicalShape s = check_weight_shapes(w13_weight, w2_weight);
     return Pack(PackArgs{w13_weight, w2_weight, w13_weight_scale, w2_weight_scale, w13_bias,
-                         w2_bias, s,
+                         w2_bias, w13_weight_zero_point, w2_weight_zero_point, s,
                          pack_options(group_size, gate_up_layout, scale_storage, kernel_set)});
   });
 }
@@ -326,18 +330,20 @@ std::tuple<Tensor, Tensor> pack_on_cpu(const PackArgs& a) {
   auto optional_view = [&](const c10::optional<Tensor>& t, const char* name) {
     return t.has_value() && t->defined() ? view(*t, name) : w4a8moe::TensorView{};
   };
-  keep.reserve(6);
+  keep.reserve(8);
   const auto w13 = view(a.w13_weight, "w13_weight");
   const auto s13 = view(a.w13_weight_scale, "w13_weight_scale");
+  const auto z13 = optional_view(a.w13_zero_point, "w13_weight_zero_point");
   const auto b13 = optional_view(a.w13_bias, "w13_bias");
   const auto w2 = view(a.w2_weight, "w2_weight");
   const auto s2 = view(a.w2_weight_scale, "w2_weight_scale");
+  const auto z2 = optional_view(a.w2_zero_point, "w2_weight_zero_point");
   const auto b2 = optional_view(a.w2_bias, "w2_bias");
-  Tensor p13 =
-      to_tensor(w4a8moe::pack_w13(w13, s13, b13, with_format_of(a.options, a.w13_weight_scale)));
-  w4a8moe::PackOptions w2_options = with_format_of(a.options, a.w2_weight_scale);
+  Tensor p13 = to_tensor(w4a8moe::pack_w13(
+      w13, s13, z13, b13, with_format_of(a.options, a.w13_weight_scale, a.w13_zero_point)));
+  w4a8moe::PackOptions w2_options = with_format_of(a.options, a.w2_weight_scale, a.w2_zero_point);
   w2_options.gate_up_layout = w4a8moe::GateUpLayout::halves;
-  Tensor p2 = to_tensor(w4a8moe::pack_w2(w2, s2, b2, w2_options));
+  Tensor p2 = to_tensor(w4a8moe::pack_w2(w2, s2, z2, b2, w2_options));
   return std::make_tuple(p13, p2);
 }
 
@@ -345,33 +351,36 @@ std::tuple<Tensor, Tensor> pack_on_cpu(const PackArgs& a) {
 std::tuple<Tensor, Tensor> packed_sizes(const PackArgs& a) {
   const LogicalShape& s = a.shape;
   auto bytes = [&](w4a8moe::WeightRole role, int64_t rows, int64_t cols, const Tensor& scale,
-                   const c10::optional<Tensor>& bias, const char* name) {
+                   const c10::optional<Tensor>& zero_point, const c10::optional<Tensor>& bias,
+                   const char* name) {
     const DType given = to_dtype(scale.scalar_type(), name);
     const bool has_bias = bias.has_value() && bias->defined();
     return static_cast<int64_t>(w4a8moe::packed_size(role, s.experts, rows, cols, given, has_bias,
-                                                     with_format_of(a.options, scale), name));
+                                                     with_format_of(a.options, scale, zero_point),
+                                                     name));
   };
   const auto o = a.w13_weight.options().dtype(at::kByte);
-  return std::make_tuple(at::empty({bytes(w4a8moe::WeightRole::w13, 2 * s.inter, s.hidden,
-                                          a.w13_weight_scale, a.w13_bias, "w13_weight_scale")},
-                                   o),
-                         at::empty({bytes(w4a8moe::WeightRole::w2, s.hidden, s.inter,
-                                          a.w2_weight_scale, a.w2_bias, "w2_weight_scale")},
-                                   o));
+  return std::make_tuple(
+      at::empty({bytes(w4a8moe::WeightRole::w13, 2 * s.inter, s.hidden, a.w13_weight_scale,
+                       a.w13_zero_point, a.w13_bias, "w13_weight_scale")},
+                o),
+      at::empty({bytes(w4a8moe::WeightRole::w2, s.hidden, s.inter, a.w2_weight_scale,
+                       a.w2_zero_point, a.w2_bias, "w2_weight_scale")},
+                o));
 }
 
 // The original op's schema (convert_to_w4a8_int8_moe_format): the _ex op with halves, the scales
 // as given and the kernel set forward() picks.
-template <std::tuple<Tensor, Tensor> (*Ex)(const Tensor&, const Tensor&, const Tensor&,
-                                           const Tensor&, int64_t, const c10::optional<Tensor>&,
-                                           const c10::optional<Tensor>&, std::string, std::string,
-                                           std::string)>
+template <std::tuple<Tensor, Tensor> (*Ex)(
+    const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t,
+    const c10::optional<Tensor>&, const c10::optional<Tensor>&, std::string, std::string,
+    std::string, const c10::optional<Tensor>&, const c10::optional<Tensor>&)>
 std::tuple<Tensor, Tensor> with_default_pack_options(
     const Tensor& w13_weight, const Tensor& w2_weight, const Tensor& w13_weight_scale,
     const Tensor& w2_weight_scale, int64_t group_size, const c10::optional<Tensor>& w13_bias,
     const c10::optional<Tensor>& w2_bias) {
   return Ex(w13_weight, w2_weight, w13_weight_scale, w2_weight_scale, group_size, w13_bias, w2_bias,
-            "halves", "as_given", "");
+            "halves", "as_given", "", c10::nullopt, c10::nullopt);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -478,7 +487,8 @@ TORCH_LIBRARY(w4a8moe, m) {
       "convert_to_w4a8_int8_moe_format_ex(Tensor w13_weight, Tensor w2_weight, "
       "Tensor w13_weight_scale, Tensor w2_weight_scale, int group_size, Tensor? w13_bias=None, "
       "Tensor? w2_bias=None, str gate_up_layout=\"halves\", str scale_storage=\"as_given\", "
-      "str kernel_set=\"\") -> (Tensor, Tensor)");
+      "str kernel_set=\"\", Tensor? w13_weight_zero_point=None, "
+      "Tensor? w2_weight_zero_point=None) -> (Tensor, Tensor)");
   m.def(
       "packed_info(Tensor packed) -> (int version, str layout, str role, int experts, int rows, "
       "int cols, int group_size, str scale_dtype, bool has_bias, int expert_bytes, "

@@ -43,9 +43,14 @@ inline w4a8moe::DType to_dtype(at::ScalarType t, const char* name) {
 // Pack options for one role, the weight format read off its scales' dtype: uint8 scales are
 // MXFP4's e8m0 exponents (its weights then uint8 e2m1 codes, group 32, as vLLM's and gpt-oss's
 // MXFP4 layers hold them), float scales int4's (docs/pytorch.md).
-inline w4a8moe::PackOptions with_format_of(w4a8moe::PackOptions options, const Tensor& scale) {
+// With zero points (int8, shaped like the scales: AWQ, GPTQ, asymmetric compressed-tensors) the
+// weights are int4 with zero points.
+inline w4a8moe::PackOptions with_format_of(w4a8moe::PackOptions options, const Tensor& scale,
+                                           const c10::optional<Tensor>& zero_point = c10::nullopt) {
   options.weight_format = scale.scalar_type() == at::kByte ? w4a8moe::WeightFormat::mxfp4
                                                            : w4a8moe::WeightFormat::int4_symmetric;
+  if (zero_point.has_value() && zero_point->defined())
+    options.weight_format = w4a8moe::WeightFormat::int4_zero_point;
   return options;
 }
 

@@ -373,6 +373,51 @@ def test_mxfp4_weights_match_the_reference(layout):
     assert (f13.shape, f2.shape) == (p13.shape, p2.shape)
 
 
+def zero_point_tensors(experts, rows, cols, group_size, gain, gen):
+    """int4 values and zero points in [-8, 7] (one per row and group), scales; and w - z."""
+    groups = 1 if group_size == -1 else cols // group_size
+    w = torch.randint(-8, 8, (experts, rows, cols), dtype=torch.int8, generator=gen)
+    z = torch.randint(-8, 8, (experts, rows, groups), dtype=torch.int8, generator=gen)
+    meaning = (w.view(experts, rows, groups, -1) - z[..., None]).view(experts, rows, cols)
+    s = (0.5 + torch.rand(experts, rows, groups, generator=gen)) * gain / (6.0 * math.sqrt(cols))
+    if group_size == -1:
+        z, s = z[..., 0], s[..., 0]
+    return w, z, s, meaning
+
+
+@pytest.mark.parametrize("group_size", [32, 64, -1])
+def test_zero_point_weights_match_the_reference(group_size):
+    gen = torch.Generator().manual_seed(11)
+    E, I, H = 8, 64, 128
+    w13, z13, s13, v13 = zero_point_tensors(E, 2 * I, H, group_size, 1.5, gen)
+    w2, z2, s2, v2 = zero_point_tensors(E, H, I, group_size, 1.0, gen)
+    x, ids, wts = make_inputs(24, H, E, 2, 5)
+    p13, p2 = w4a8moe.pack(w13, w2, s13, s2, group_size, w13_zero_point=z13, w2_zero_point=z2)
+    assert w4a8moe.packed_info(p13).weight_format == "int4_zero_point"
+    out = w4a8moe.moe(x, ids, wts, p13, p2)
+    # the reference takes the meaning w - z as its integer weights (int8, in [-15, 15])
+    ref = w4a8moe.reference_moe(x, ids, wts, v13, v2, s13, s2, group_size)
+    assert_matches(out, ref, f"zero points g{group_size}")
+    # a rank's share packs the same way
+    s13_, s2_ = w4a8moe.pack(w13, w2, s13, s2, group_size, experts=[5, 1],
+                             w13_zero_point=z13, w2_zero_point=z2)
+    assert w4a8moe.packed_info(s13_).experts == 2
+    assert w4a8moe.packed_info(s2_).weight_format == "int4_zero_point"
+
+
+def test_zero_point_refusals_name_the_argument():
+    gen = torch.Generator().manual_seed(12)
+    w13, z13, s13, _ = zero_point_tensors(2, 64, 64, 32, 1.0, gen)
+    w2, z2, s2, _ = zero_point_tensors(2, 64, 32, 32, 1.0, gen)
+    bad = z2.clone()
+    bad[1, 3, 0] = 8
+    with pytest.raises(RuntimeError, match=r"w2_zero_point.*\[-8, 7\].*got 8 at \[1, 3, 0\]"):
+        w4a8moe.pack(w13, w2, s13, s2, 32, w13_zero_point=z13, w2_zero_point=bad)
+    with pytest.raises(RuntimeError, match="w13_zero_point.*expected dtype i8"):
+        w4a8moe.pack(w13, w2, s13, s2, 32, w13_zero_point=z13.to(torch.uint8),
+                     w2_zero_point=z2)
+
+
 def test_mxfp4_refusals_name_the_argument():
     gen = torch.Generator().manual_seed(8)
     c13, e13, _, _ = mxfp4_tensors(2, 64, 64, 1.0, gen)

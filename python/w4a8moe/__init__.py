@@ -111,6 +111,8 @@ def pack(
     scale_storage: str = "as_given",
     kernel_set: str = "",
     experts: Optional[Sequence[int]] = None,
+    w13_zero_point: Optional[torch.Tensor] = None,
+    w2_zero_point: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Packs the experts once; returns (w13_packed, w2_packed), two 1-D uint8 tensors.
 
@@ -124,15 +126,19 @@ def pack(
     kernel_set: the kernel set to pack for; "" is the one forward() uses on this CPU.
     experts: the experts to pack, by index into the tensors, in this order (a rank's share of
     the layer in expert parallelism, w4a8moe.distributed); None packs all of them.
+    w13_zero_point, w2_zero_point: int4 with zero points (AWQ, GPTQ, asymmetric
+    compressed-tensors): int8 in [-8, 7] shaped like the scales; each element is then
+    (w - z) * s (docs/operator.md, "Weight formats"), packed exactly.
     """
     if experts is not None:
         return ops.convert_to_w4a8_int8_moe_format_shard(
             w13, w2, w13_scale, w2_scale, group_size, torch.as_tensor(experts, dtype=torch.int64),
             w13_bias, w2_bias, gate_up_layout, scale_storage, kernel_set,
+            w13_zero_point, w2_zero_point,
         )
     return ops.convert_to_w4a8_int8_moe_format_ex(
         w13, w2, w13_scale, w2_scale, group_size, w13_bias, w2_bias,
-        gate_up_layout, scale_storage, kernel_set,
+        gate_up_layout, scale_storage, kernel_set, w13_zero_point, w2_zero_point,
     )
 
 

@@ -107,10 +107,11 @@ def activate(gate, up, activation, alpha=1.702, limit=7.0):
 def _group_dots(a, w, group_size):
     """Exact integer dot products per weight group: a [P, K] integer-valued (|a| <= 255), w
     [N, K] int8 -> [G, P, N] float64. Float32 products and sums of integers stay exact while
-    every partial sum is below 2^24; larger groups use float64."""
+    every partial sum is below 2^24 (|w| <= 15: int4 less a zero point); larger groups use
+    float64."""
     rows, cols = a.shape
     group = cols if group_size == -1 else group_size
-    dtype = torch.float32 if 255 * 8 * group < 2**24 else torch.float64
+    dtype = torch.float32 if 255 * 15 * group < 2**24 else torch.float64  # |w| <= 15
     a = a.to(dtype).view(rows, cols // group, group).transpose(0, 1)  # [G, P, g]
     w = w.to(dtype).view(w.shape[0], cols // group, group).permute(1, 2, 0)  # [G, g, N]
     return torch.bmm(a, w).to(torch.float64)
