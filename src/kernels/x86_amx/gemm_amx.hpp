@@ -220,11 +220,6 @@ class AmxUnpacker {
       for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<int8_t>(i % 16);
       return t;
     }();
-    alignas(64) static constexpr auto kSpread = [] {
-      std::array<uint8_t, 64> t{};
-      for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<uint8_t>(i / 4);
-      return t;
-    }();
     const bool has_zeros = g_.has_zeros();
     const __m512i table =
         _mm512_load_si512(g_.weight_format == WeightFormat::mxfp4 ? kMxfp4Table.data()
@@ -241,9 +236,7 @@ class AmxUnpacker {
         const int64_t b = (col_ + c * 8) / g_.group_len;
         if (b != zeros_group) {
           zeros_group = b;
-          z = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128(
-                                      reinterpret_cast<const __m128i*>(zeros_ + b * kAmxPanel))),
-                                  _mm512_load_si512(kSpread.data()));
+          z = load_zeros_zmm(zeros_, b * kAmxPanel);
         }
       }
       const __m512i raw = _mm512_loadu_si512(src + c * 64);

@@ -43,14 +43,6 @@ constexpr int64_t kPanel = 16;
 // count as int4.
 enum class Decode { int4, int4_zero_point, mxfp4_shuffle, mxfp4_permute };
 
-// Byte i of a zmm register: dword lane i / 4, so `vpshufb` by this spreads the 16 zero points
-// of a panel (one per output row, broadcast to each 128-bit lane) over the 4 bytes of its lane.
-alignas(64) constexpr auto kSpreadZeros = [] {
-  std::array<uint8_t, 64> t{};
-  for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<uint8_t>(i / 4);
-  return t;
-}();
-
 // kMxfp4Unsigned in each 128-bit lane (as `vpshufb` reads its table), and so in all 64 bytes.
 alignas(64) constexpr auto kMxfp4Lanes = [] {
   std::array<uint8_t, 64> t{};
@@ -80,7 +72,6 @@ void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
   const bool channelwise = g.group_size < 0;
   const __m512i low4 = _mm512_set1_epi8(0x0f);
   const __m512i mx_table = _mm512_load_si512(kMxfp4Lanes.data());
-  const __m512i spread_zeros = _mm512_load_si512(kSpreadZeros.data());
   const auto zeros = static_cast<int64_t>(g.panel_zeros_offset);  // from a record
 
   const int8_t* q[M];
@@ -123,12 +114,9 @@ void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
     // zero points: 15 - (z + 8) in each byte of a lane, added to its unpacked weights
     __m512i adjust[kDecode == Decode::int4_zero_point ? NP : 1];
     if constexpr (kDecode == Decode::int4_zero_point) {
-      for (int p = 0; p < NP; ++p) {
-        const __m512i z = _mm512_broadcast_i32x4(_mm_loadu_si128(
-            reinterpret_cast<const __m128i*>(w + p * panel_bytes + zeros + b * kPanel)));
+      for (int p = 0; p < NP; ++p)
         adjust[p] = _mm512_sub_epi8(_mm512_set1_epi8(kZeroPointOffset),
-                                    _mm512_shuffle_epi8(z, spread_zeros));
-      }
+                                    load_zeros_zmm(w + p * panel_bytes + zeros, b * kPanel));
     }
     auto chunk = [&](int64_t c) __attribute__((always_inline)) {
       __m512i lo[NP], hi[NP];

@@ -9,12 +9,12 @@
 
 #include <immintrin.h>
 
-#include <array>
 #include <cassert>
 
 #include "kernels/common/gemm_rows.hpp"
 #include "kernels/common/load_unaligned.hpp"
 #include "kernels/common/prefetch.hpp"
+#include "kernels/common/spread_zeros.hpp"
 #include "kernels/kernel.hpp"
 
 namespace w4a8moe::detail {
@@ -38,13 +38,6 @@ inline void dot8(__m256i& acc_lo, __m256i& acc_hi, __m256i lo, __m256i al, __m25
     acc_lo = _mm256_add_epi32(acc_lo, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
   }
 }
-
-// Byte i of a ymm register: dword lane i / 4 (see the zero points in ymm_tile).
-alignas(32) constexpr auto kYmmSpreadZeros = [] {
-  std::array<uint8_t, 32> t{};
-  for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<uint8_t>(i / 4);
-  return t;
-}();
 
 inline __m256 load_scales_ymm(const uint8_t* base, DType dtype, int64_t index) {
   switch (dtype) {
@@ -82,7 +75,7 @@ void ymm_tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
   // w - z + 15 in [0, 30], the group terms -15 * SUM q (kZeroPointOffset)
   constexpr bool kZeros = kFormat == WeightFormat::int4_zero_point;
   const __m256i spread_zeros =
-      _mm256_load_si256(reinterpret_cast<const __m256i*>(kYmmSpreadZeros.data()));
+      _mm256_load_si256(reinterpret_cast<const __m256i*>(kSpreadZeros.data()));
   const auto zeros = static_cast<int64_t>(g.panel_zeros_offset);  // from a record
 
   const int8_t* q[M];
