@@ -71,6 +71,9 @@ struct Loaded {
   std::vector<float> w13_s, w2_s, b13, b2;
   std::vector<uint8_t> w13_nibbles, w2_nibbles;  // as loaded
   std::vector<uint8_t> w13_scale_bytes, w2_scale_bytes;
+  // int4 with zero points: the zero points as loaded, and w13 / w2 above hold value - z (the
+  // reference's form, moe_ref::Problem::zero_point_values)
+  std::vector<int8_t> w13_z, w2_z;
 };
 
 inline Loaded load_all(const w4a8moe::io::LayerSource& source) {
@@ -114,6 +117,17 @@ inline Loaded load_all(const w4a8moe::io::LayerSource& source) {
   unpack(chunk.w2(E), info.w2_format, out.w2, out.w2_nibbles);
   floats(chunk.w13_scale(E), info.w13_format, out.w13_s, &out.w13_scale_bytes);
   floats(chunk.w2_scale(E), info.w2_format, out.w2_s, &out.w2_scale_bytes);
+  const auto less_zero_points = [](const w4a8moe::TensorView& z, std::vector<int8_t>& values,
+                                   std::vector<int8_t>& zero_points) {
+    if (z.empty()) return;
+    const auto* p = static_cast<const int8_t*>(z.data);
+    zero_points.assign(p, p + z.numel());
+    const size_t per_group = values.size() / zero_points.size();  // one zero point per scale
+    for (size_t i = 0; i < values.size(); ++i)
+      values[i] = static_cast<int8_t>(values[i] - zero_points[i / per_group]);
+  };
+  less_zero_points(chunk.w13_zero_point(E), out.w13, out.w13_z);
+  less_zero_points(chunk.w2_zero_point(E), out.w2, out.w2_z);
   floats(chunk.w13_bias(E), int4, out.b13, nullptr);
   floats(chunk.w2_bias(E), int4, out.b2, nullptr);
   return out;
@@ -174,6 +188,8 @@ inline void check_forward(const w4a8moe::io::LayerSource& source,
   };
   run.problem.mxfp4_values =
       info.w13_format == WeightFormat::mxfp4 || info.w2_format == WeightFormat::mxfp4;
+  run.problem.zero_point_values = info.w13_format == WeightFormat::int4_zero_point ||
+                                  info.w2_format == WeightFormat::int4_zero_point;
   const moe_ref::Problem& p = run.problem;
   const moe_ref::ExactResult exact = moe_ref::exact_forward(p);
   double max_ref = 0;

@@ -465,6 +465,14 @@ std::vector<float> scales_of(const Moe& m, int which, int64_t e) {
   return std::vector<float>(src.begin() + first * groups, src.begin() + (first + rows) * groups);
 }
 
+std::vector<int8_t> zero_points_of(const Moe& m, int which, int64_t e) {
+  const int64_t rows = which == 2 ? m.H : m.I;
+  const std::vector<int8_t>& src = which == 2 ? m.w2_z : m.w13_z;
+  const int64_t groups = static_cast<int64_t>(src.size()) / (m.E * (which == 2 ? m.H : 2 * m.I));
+  const int64_t first = which == 2 ? e * m.H : e * 2 * m.I + (which == 1 ? m.I : 0);
+  return std::vector<int8_t>(src.begin() + first * groups, src.begin() + (first + rows) * groups);
+}
+
 std::vector<uint8_t> q4_0_tensor(const Moe& m, int which) {
   std::vector<uint8_t> out;
   for (int64_t e = 0; e < m.E; ++e) {
@@ -597,6 +605,56 @@ std::vector<uint16_t> bf16_of(const std::vector<float>& v) {
   std::vector<uint16_t> out(v.size());
   for (size_t i = 0; i < v.size(); ++i) out[i] = bf16_bits(v[i]);
   return out;
+}
+
+// One module's GPTQ or AWQ tensors from int4 values v [rows, cols] in [-8, 7], scales and zero
+// points (in [-8, 7]; symmetric: all 0) [rows, groups], packed as AutoGPTQ's and AutoAWQ's
+// pack() write them: GPTQ qweight [cols/8, rows] eight inputs a word (input 8i + j in bits 4j),
+// AWQ qweight [cols, rows/8] eight outputs a word in the order 0 2 4 6 1 3 5 7 (bits 4i hold
+// output 8w + order[i]); qzeros [groups, rows/8] packed like the outputs, GPTQ's "gptq" format
+// storing zero - 1; scales F16 [groups, rows]; GPTQ's g_idx [cols] = k / group size.
+void add_gptq_module(CtWriter& w, const std::string& p, bool awq, bool zeros_minus_one,
+                     const std::vector<int8_t>& v, const std::vector<float>& sc,
+                     const std::vector<int8_t>& z, int64_t rows, int64_t cols, int64_t groups) {
+  constexpr int kAwqOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+  const auto u = [](int8_t x) { return static_cast<uint32_t>(x + 8); };
+  std::vector<uint32_t> qweight(static_cast<size_t>(rows * cols / 8), 0);
+  if (!awq) {
+    for (int64_t i = 0; i < cols / 8; ++i)
+      for (int64_t n = 0; n < rows; ++n)
+        for (int j = 0; j < 8; ++j)
+          qweight[static_cast<size_t>(i * rows + n)] |=
+              u(v[static_cast<size_t>(n * cols + 8 * i + j)]) << (4 * j);
+  } else {
+    for (int64_t k = 0; k < cols; ++k)
+      for (int64_t c = 0; c < rows / 8; ++c)
+        for (int i = 0; i < 8; ++i)
+          qweight[static_cast<size_t>(k * (rows / 8) + c)] |=
+              u(v[static_cast<size_t>((8 * c + kAwqOrder[i]) * cols + k)]) << (4 * i);
+  }
+  std::vector<uint32_t> qzeros(static_cast<size_t>(groups * rows / 8), 0);
+  for (int64_t b = 0; b < groups; ++b)
+    for (int64_t c = 0; c < rows / 8; ++c)
+      for (int i = 0; i < 8; ++i) {
+        const int64_t n = 8 * c + (awq ? kAwqOrder[i] : i);
+        const uint32_t stored =
+            u(z[static_cast<size_t>(n * groups + b)]) - (zeros_minus_one ? 1 : 0);
+        qzeros[static_cast<size_t>(b * (rows / 8) + c)] |= (stored & 15u) << (4 * i);
+      }
+  std::vector<uint16_t> scales(static_cast<size_t>(groups * rows));
+  for (int64_t b = 0; b < groups; ++b)
+    for (int64_t n = 0; n < rows; ++n)
+      scales[static_cast<size_t>(b * rows + n)] = f16_bits(sc[static_cast<size_t>(n * groups + b)]);
+  w.add(p + "qweight", DType::i32,
+        awq ? std::vector<int64_t>{cols, rows / 8} : std::vector<int64_t>{cols / 8, rows}, qweight);
+  w.add(p + "qzeros", DType::i32, {groups, rows / 8}, qzeros);
+  w.add(p + "scales", DType::f16, {groups, rows}, scales);
+  if (!awq) {
+    std::vector<int32_t> g_idx(static_cast<size_t>(cols));
+    for (int64_t k = 0; k < cols; ++k)
+      g_idx[static_cast<size_t>(k)] = static_cast<int32_t>(k / (cols / groups));
+    w.add(p + "g_idx", DType::i32, {cols}, g_idx);
+  }
 }
 
 namespace {
@@ -744,8 +802,25 @@ CtModel make_ct(const CtSpec& s) {
   if (s.fused == "mxfp4") {
     cfg["quantization_config"] = {{"quant_method", "mxfp4"},
                                   {"modules_to_not_convert", {"model.layers.*.self_attn"}}};
+  } else if (s.scheme == "gptq") {
+    cfg["quantization_config"] = {{"quant_method", "gptq"},
+                                  {"bits", 4},
+                                  {"group_size", s.strategy == "group" ? 32 : -1},
+                                  {"desc_act", false},
+                                  {"sym", !s.asymmetric},
+                                  {"static_groups", false},
+                                  {"true_sequential", true},
+                                  {"damp_percent", 0.01},
+                                  {"checkpoint_format", s.gptq_format}};
+  } else if (s.scheme == "awq") {
+    cfg["quantization_config"] = {{"quant_method", "awq"},
+                                  {"bits", 4},
+                                  {"group_size", s.strategy == "group" ? 32 : -1},
+                                  {"zero_point", true},
+                                  {"version", "gemm"},
+                                  {"modules_to_not_convert", nullptr}};
   } else if (!dense) {
-    json weights = {{"num_bits", 4},          {"type", "int"},    {"symmetric", true},
+    json weights = {{"num_bits", 4},          {"type", "int"},    {"symmetric", !s.asymmetric},
                     {"strategy", s.strategy}, {"dynamic", false}, {"actorder", nullptr}};
     weights["group_size"] = s.strategy == "group" ? json(32) : json(nullptr);
     cfg["quantization_config"] = {
@@ -790,6 +865,19 @@ CtModel make_ct(const CtSpec& s) {
         t->w2_s = r2;
       }
     }
+    if (s.asymmetric || s.scheme == "awq") {  // zero points over [-8, 7], the extremes included
+      // ("gptq" stores zero - 1 in four bits: a zero of 0, -8 here, does not fit)
+      const int lowest = s.scheme == "gptq" && s.gptq_format == "gptq" ? -7 : -8;
+      std::mt19937_64 zrng(700 + static_cast<uint64_t>(l));
+      std::uniform_int_distribution<int> z(lowest, 7);
+      for (Moe* t : {&m, &sh}) {
+        t->w13_z.resize(t->w13_s.size());
+        t->w2_z.resize(t->w2_s.size());
+        for (std::vector<int8_t>* v : {&t->w13_z, &t->w2_z})
+          for (size_t i = 0; i < v->size(); ++i)
+            (*v)[i] = static_cast<int8_t>(i < 2 ? (i == 0 ? lowest : 7) : z(zrng));
+      }
+    }
     const std::string block = (llama4 ? "language_model.model.layers." : "model.layers.") +
                               std::to_string(l) +
                               (s.mixtral_names ? ".block_sparse_moe."
@@ -829,6 +917,15 @@ CtModel make_ct(const CtSpec& s) {
       } else {
         sc = scales_of(t, which, e);
       }
+      if (scheme == "gptq" || scheme == "awq") {
+        const int64_t groups = s.strategy == "channel" ? 1 : cols / 32;
+        const std::vector<int8_t> z =
+            t.w13_z.empty() ? std::vector<int8_t>(static_cast<size_t>(rows * groups), 0)
+                            : zero_points_of(t, which, e);
+        add_gptq_module(c.writer, p, scheme == "awq", scheme == "gptq" && s.gptq_format == "gptq",
+                        v, sc, z, rows, cols, groups);
+        return;
+      }
       if (scheme == "packed") {
         c.writer.add(p + "weight_packed", DType::i32, {rows, cols / 8},
                      pack_int4_words(v, rows, cols));
@@ -840,6 +937,22 @@ CtModel make_ct(const CtSpec& s) {
                                               ? std::vector<int64_t>{rows, 1}
                                               : std::vector<int64_t>{rows, cols / 32};
       c.writer.add(p + "weight_scale", DType::bf16, sshape, bf16_of(sc));
+      if (s.asymmetric) {
+        const std::vector<int8_t> z = zero_points_of(t, which, e);
+        const int64_t groups = sshape[1];
+        if (scheme == "packed") {  // pack_to_int32 along dim 0: eight rows a word
+          std::vector<int32_t> words(static_cast<size_t>((rows + 7) / 8 * groups), 0);
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t g = 0; g < groups; ++g) {
+              const auto u = static_cast<uint32_t>(z[static_cast<size_t>(r * groups + g)] + 8);
+              reinterpret_cast<uint32_t&>(words[static_cast<size_t>((r / 8) * groups + g)]) |=
+                  u << (4 * (r % 8));
+            }
+          c.writer.add(p + "weight_zero_point", DType::i32, {(rows + 7) / 8, groups}, words);
+        } else {
+          c.writer.add(p + "weight_zero_point", DType::i8, sshape, z);
+        }
+      }
     };
     if (!s.fused.empty()) {
       write_fused(c, s, m, block, rng);

@@ -175,6 +175,14 @@ class CtWriter {
   void write(const std::string& folder) const;
 };
 
+// One module's GPTQ (awq false) or AWQ tensors, M.{qweight, qzeros, scales} and GPTQ's g_idx, from
+// int4 values v [rows, cols] in [-8, 7], scales sc and zero points z (in [-8, 7]; symmetric: all
+// 0) [rows, groups], as AutoGPTQ's and AutoAWQ's pack() lay them out; zeros_minus_one: GPTQ's
+// "gptq" checkpoint format.
+void add_gptq_module(CtWriter& w, const std::string& prefix, bool awq, bool zeros_minus_one,
+                     const std::vector<int8_t>& v, const std::vector<float>& sc,
+                     const std::vector<int8_t>& z, int64_t rows, int64_t cols, int64_t groups);
+
 // ---------------------------------------------------------------------------------------------
 // Models
 
@@ -188,6 +196,9 @@ struct Moe {
   std::vector<float> w2_s;    // [E, H, I/g]
   std::vector<float> router;  // [E, H]
   std::vector<float> router_bias, selection_bias, b13, b2;  // empty unless set
+  // Asymmetric checkpoints: zero points in [-8, 7] shaped like w13_s / w2_s (element
+  // (value - z) * scale); empty: symmetric.
+  std::vector<int8_t> w13_z, w2_z;
 };
 // Outputs of order one for x ~ N(0, 1): scales (1.5 to 3.5) / (8 sqrt(K)), bf16- and f16-exact.
 Moe make_moe(int64_t H, int64_t I, int64_t E, int64_t K, uint64_t seed);
@@ -196,6 +207,8 @@ Moe make_moe(int64_t H, int64_t I, int64_t E, int64_t K, uint64_t seed);
 // [rows, cols/g] scales.
 std::vector<int8_t> rows_of(const Moe& m, int which, int64_t e);
 std::vector<float> scales_of(const Moe& m, int which, int64_t e);
+// Expert e's zero points of a projection, [rows, groups] (groups 1: channel), as w13_z / w2_z.
+std::vector<int8_t> zero_points_of(const Moe& m, int which, int64_t e);
 
 // The whole [E, rows, cols] tensor of a projection as Q4_0 (the Moe's own values and scales).
 std::vector<uint8_t> q4_0_tensor(const Moe& m, int which);
@@ -233,8 +246,10 @@ GgufModel make_gguf(const GgufSpec& spec);
 
 struct CtSpec {
   std::string model_type = "qwen3_moe";  // also gpt_oss, llama4 (config.json with text_config)
-  std::string scheme = "packed";         // packed, int, bf16 (f16, f32: dense in that dtype)
-  std::string strategy = "group";        // group or channel
+  // packed, int, bf16 (f16, f32: dense in that dtype), gptq or awq (F16 scales; awq always with
+  // zero points, gptq with them when asymmetric)
+  std::string scheme = "packed";
+  std::string strategy = "group";  // group or channel
   int shards = 1;
   int64_t H = 64, I = 64, E = 8, K = 2;
   int layers = 2;
@@ -249,6 +264,10 @@ struct CtSpec {
   std::string shared{};
   bool shared_gate = false;
   int64_t Is = 0;
+  // symmetric: false, with weight_zero_point tensors (pack-quantized: I32 packed along the rows;
+  // int-quantized: I8) whose values span [-8, 7].
+  bool asymmetric = false;
+  std::string gptq_format = "gptq";  // gptq's checkpoint_format: "gptq" (zeros less one), "gptq_v2"
 };
 
 struct CtModel {

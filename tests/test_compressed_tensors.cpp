@@ -144,6 +144,45 @@ TEST(CompressedTensors, EveryFormatAndStrategyReadsBackExactly) {
     }
 }
 
+TEST(CompressedTensors, ZeroPointsReadBackExactlyAndRun) {
+  // symmetric: false: weight_zero_point packed along the rows (pack-quantized) or int8
+  // (int-quantized), element (q - z) * scale taken as int4 with zero points, zero points -8 and 7
+  // among them
+  for (const char* scheme : {"packed", "int"})
+    for (const char* strategy : {"group", "channel"}) {
+      SCOPED_TRACE(::testing::Message() << scheme << " " << strategy);
+      TempDir dir;
+      CtSpec spec{.scheme = scheme,
+                  .strategy = strategy,
+                  .H = 128,
+                  .I = 96,
+                  .layers = 1,
+                  .asymmetric = true};
+      CtModel c = make_ct(spec);
+      c.writer.write(dir / "ckpt");
+      io::LoadOptions exact;
+      exact.require_exact = true;
+      const auto source = io::open_layer(dir / "ckpt", 0, exact);
+      const io::LayerInfo& info = source->info();
+      EXPECT_EQ(info.w13_format, WeightFormat::int4_zero_point);
+      EXPECT_EQ(info.w2_format, WeightFormat::int4_zero_point);
+      for (const io::Conversion& conv : source->conversions()) {
+        EXPECT_TRUE(conv.exact);
+        EXPECT_THAT(conv.source, HasSubstr(", zero points"));
+      }
+      const Loaded w = load_all(*source);
+      const Moe& m = c.layers[0];
+      EXPECT_EQ(w.w13_z, m.w13_z);
+      EXPECT_EQ(w.w2_z, m.w2_z);
+      Moe less = m;  // the loaded values are value - z
+      for (auto [v, z] : {std::pair{&less.w13, &m.w13_z}, std::pair{&less.w2, &m.w2_z}})
+        for (size_t i = 0; i < v->size(); ++i)
+          (*v)[i] = static_cast<int8_t>((*v)[i] - (*z)[i / (v->size() / z->size())]);
+      expect_as_written(w, less);
+      check_layer(dir / "ckpt", 0, RouteSpec{"softmax", true});
+    }
+}
+
 TEST(CompressedTensors, GroupAsLongAsTheRowIsOneScalePerRow) {
   // I = 32 = group_size: compressed-tensors writes the down projection's group scales as
   // [H, 1], which is one group of the whole row, not channel-wise scales of another group size.
@@ -385,7 +424,10 @@ TEST_F(CtMalformed, ConfigProblems) {
   EXPECT_THAT(error_of([&] { io::open_layer(folder, 0, {}); }),
               HasSubstr("neither model.safetensors nor model.safetensors.index.json"));
   EXPECT_THAT(error(base(), [](CtModel& c) { group_weights(c)["symmetric"] = false; }),
-              HasSubstr("asymmetric weights (a zero point) are not supported"));
+              HasSubstr("gate_proj.weight_zero_point' is missing (config.json "
+                        "quantization_config says symmetric: false)"));
+  EXPECT_THAT(error(base(), [](CtModel& c) { group_weights(c)["symmetric"] = "no"; }),
+              HasSubstr("weights symmetric must be true or false, got \"no\""));
   EXPECT_THAT(error(base(), [](CtModel& c) { group_weights(c)["num_bits"] = 8; }),
               HasSubstr("weights num_bits must be 4, got 8"));
   EXPECT_THAT(
@@ -440,8 +482,27 @@ TEST_F(CtMalformed, TensorProblems) {
               c.writer.add(p + "weight_shape", DType::i64, {2}, std::vector<int64_t>{64, 32});
             }),
       HasSubstr("tensor '" + p + "weight_shape' says [64, 32], expected [64, 64]"));
+  // symmetric checkpoints may carry zero points (older writers) only when they are all 0
+  EXPECT_EQ(error(base(), filled(p + "weight_zero_point", DType::i32, {8, 2},
+                                 static_cast<int32_t>(0x88888888u))),
+            "(no error)");
+  EXPECT_THAT(error(base(), filled(p + "weight_zero_point", DType::i32, {8, 2}, int32_t{0x11})),
+              HasSubstr("weight_zero_point' holds zero point -7 at [0, 0] but config.json "
+                        "quantization_config says symmetric weights"));
   EXPECT_THAT(error(base(), filled(p + "weight_zero_point", DType::i32, {64, 1}, int32_t{0})),
-              HasSubstr("weight_zero_point' exists: asymmetric weights"));
+              HasSubstr("weight_zero_point' must be I32 [8, 2] (packed along the rows) or I8 "
+                        "[64, 2], got I32 [64, 1]"));
+  const auto asymmetric = [](const std::string& scheme) {
+    return make_ct(CtSpec{.scheme = scheme, .E = 4, .layers = 1, .asymmetric = true});
+  };
+  EXPECT_EQ(error(asymmetric("int")), "(no error)");
+  EXPECT_THAT(
+      error(asymmetric("int"), filled(p + "weight_zero_point", DType::i8, {64, 2}, int8_t{8})),
+      HasSubstr("tensor '" + p + "weight_zero_point' holds 8 at [0, 0], outside int4 [-8, 7]"));
+  EXPECT_THAT(error(asymmetric("packed"), erased(p + "weight_zero_point")),
+              HasSubstr("tensor '" + p +
+                        "weight_zero_point' is missing (config.json "
+                        "quantization_config says symmetric: false)"));
   EXPECT_THAT(error(base(), filled(p + "weight_scale", DType::bf16, {64, 1}, uint16_t{0x3f80})),
               HasSubstr("tensor '" + p + "weight_scale' must be float [64, 2], got BF16 [64, 1]"));
   EXPECT_THAT(error(base(), filled("model.layers.0.mlp.experts.0.down_proj.weight_scale",

@@ -70,7 +70,8 @@ struct LayerInfo {
   int layer = 0;
   int64_t hidden = 0, inter = 0, experts = 0, top_k = 0;
   int group_size = -1;  // of the packed weights
-  // The slots' format per role: int4 (nibbles w + 8, float scales), or mxfp4 (the e2m1 codes,
+  // The slots' format per role: int4 (nibbles w + 8, float scales), int4 with zero points (the
+  // same plus int8 zero points in [-8, 7] shaped like the scales), or mxfp4 (the e2m1 codes,
   // e8m0 exponents as u8 scales, group 32), as pack_w13 / pack_w2 take them.
   WeightFormat w13_format = WeightFormat::int4_symmetric, w2_format = WeightFormat::int4_symmetric;
   DType w13_scale_dtype = DType::f32, w2_scale_dtype = DType::f32;
@@ -99,6 +100,9 @@ struct ExpertSlot {
   uint8_t* w2 = nullptr;         // [H, I/2]
   uint8_t* w2_scale = nullptr;   // [H, I/g] (or [H]) in w2_scale_dtype
   float* w2_bias = nullptr;      // [H] when expert_bias
+  // int4_zero_point formats only: int8 in [-8, 7], one per scale
+  int8_t* w13_zero_point = nullptr;  // [2I, H/g] (or [2I])
+  int8_t* w2_zero_point = nullptr;   // [H, I/g] (or [H])
 };
 
 class LayerSource {
@@ -147,6 +151,7 @@ void route_tokens(const LayerSource& source, const Router& router, const TensorV
 // Sizes of one expert's slot buffers.
 struct SlotSizes {
   size_t w13 = 0, w13_scale = 0, w13_bias = 0, w2 = 0, w2_scale = 0, w2_bias = 0;  // bytes
+  size_t w13_zero_point = 0, w2_zero_point = 0;  // bytes (int4_zero_point formats)
 };
 SlotSizes slot_sizes(const LayerInfo& info);
 
@@ -162,6 +167,9 @@ class ExpertChunk {
   TensorView w2(int64_t n) const;
   TensorView w2_scale(int64_t n) const;
   TensorView w2_bias(int64_t n) const;
+  // Empty unless the role's format is int4_zero_point.
+  TensorView w13_zero_point(int64_t n) const;
+  TensorView w2_zero_point(int64_t n) const;
 
  private:
   LayerInfo info_;
@@ -169,6 +177,7 @@ class ExpertChunk {
   int64_t count_;
   std::vector<uint8_t> w13_, w13_scale_, w2_, w2_scale_;
   std::vector<float> w13_bias_, w2_bias_;
+  std::vector<int8_t> w13_zero_point_, w2_zero_point_;
 };
 
 struct PackedLayer {

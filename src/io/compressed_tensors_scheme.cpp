@@ -82,11 +82,13 @@ CompressedTensorsScheme read_compressed_tensors_scheme(const std::string& folder
       type != nullptr && (!type->is_string() || type->get<std::string>() != "int"))
     hf_fail(folder, cat("config.json quantization_config: weights type must be \"int\", got ",
                         type->dump()));
-  if (const json* sym = get("symmetric");
-      sym != nullptr && (!sym->is_boolean() || !sym->get<bool>()))
-    hf_fail(folder,
-            "config.json quantization_config: asymmetric weights (a zero point) are not supported; "
-            "w4a8moe's int4 weights are symmetric");
+  if (const json* sym = get("symmetric"); sym != nullptr) {
+    if (!sym->is_boolean())
+      hf_fail(folder, cat("config.json quantization_config: weights symmetric must be true or "
+                          "false, got ",
+                          sym->dump()));
+    out.symmetric = sym->get<bool>();
+  }
   if (const json* strategy = get("strategy"); strategy != nullptr && strategy->is_string())
     out.strategy = strategy->get<std::string>();
   if (out.strategy != "group" && out.strategy != "channel" && out.strategy != "tensor")

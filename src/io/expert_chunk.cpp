@@ -25,6 +25,8 @@ SlotSizes slot_sizes(const LayerInfo& info) {
   s.w13_scale = 2 * I * g13 * dtype_bytes(info.w13_scale_dtype);
   s.w2 = H * I / 2;
   s.w2_scale = H * g2 * dtype_bytes(info.w2_scale_dtype);
+  if (info.w13_format == WeightFormat::int4_zero_point) s.w13_zero_point = 2 * I * g13;
+  if (info.w2_format == WeightFormat::int4_zero_point) s.w2_zero_point = H * g2;
   if (info.expert_bias) {
     s.w13_bias = 2 * I * sizeof(float);
     s.w2_bias = H * sizeof(float);
@@ -41,6 +43,8 @@ ExpertChunk::ExpertChunk(const LayerInfo& info, int64_t count)
   w2_scale_.resize(n * sizes_.w2_scale);
   w13_bias_.resize(n * sizes_.w13_bias / sizeof(float));
   w2_bias_.resize(n * sizes_.w2_bias / sizeof(float));
+  w13_zero_point_.resize(n * sizes_.w13_zero_point);
+  w2_zero_point_.resize(n * sizes_.w2_zero_point);
 }
 
 ExpertSlot ExpertChunk::slot(int64_t i) {
@@ -55,6 +59,9 @@ ExpertSlot ExpertChunk::slot(int64_t i) {
     s.w13_bias = w13_bias_.data() + k * (sizes_.w13_bias / sizeof(float));
     s.w2_bias = w2_bias_.data() + k * (sizes_.w2_bias / sizeof(float));
   }
+  if (sizes_.w13_zero_point > 0)
+    s.w13_zero_point = w13_zero_point_.data() + k * sizes_.w13_zero_point;
+  if (sizes_.w2_zero_point > 0) s.w2_zero_point = w2_zero_point_.data() + k * sizes_.w2_zero_point;
   return s;
 }
 
@@ -89,6 +96,23 @@ TensorView ExpertChunk::w2_bias(int64_t n) const {
   check_slots("count", n, count_ + 1);
   if (!info_.expert_bias) return {};
   return TensorView::of(w2_bias_.data(), DType::f32, {n, info_.hidden});
+}
+
+TensorView ExpertChunk::w13_zero_point(int64_t n) const {
+  check_slots("count", n, count_ + 1);
+  if (sizes_.w13_zero_point == 0) return {};
+  if (info_.group_size == -1)
+    return TensorView::of(w13_zero_point_.data(), DType::i8, {n, 2 * info_.inter});
+  return TensorView::of(w13_zero_point_.data(), DType::i8,
+                        {n, 2 * info_.inter, info_.hidden / info_.group_size});
+}
+TensorView ExpertChunk::w2_zero_point(int64_t n) const {
+  check_slots("count", n, count_ + 1);
+  if (sizes_.w2_zero_point == 0) return {};
+  if (info_.group_size == -1)
+    return TensorView::of(w2_zero_point_.data(), DType::i8, {n, info_.hidden});
+  return TensorView::of(w2_zero_point_.data(), DType::i8,
+                        {n, info_.hidden, info_.inter / info_.group_size});
 }
 
 }  // namespace w4a8moe::io

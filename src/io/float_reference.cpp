@@ -15,10 +15,12 @@ using detail::cat;
 
 namespace {
 
-// Row n of a nibble-packed [rows, cols] matrix with its scales, dequantized to double: int4
-// (w + 8) * s, or mxfp4 e2m1(code) * 2^(e - 127).
-void dequant_row(const uint8_t* w, const uint8_t* scales, DType scale_dtype, int group_size,
-                 WeightFormat format, int64_t cols, int64_t n, std::vector<double>& out) {
+// Row n of a nibble-packed [rows, cols] matrix with its scales (and zero points, int4 with zero
+// points), dequantized to double: int4 (w - z) * s for the nibble w + 8 (z = 0 without zero
+// points), or mxfp4 e2m1(code) * 2^(e - 127).
+void dequant_row(const uint8_t* w, const uint8_t* scales, const int8_t* zero_points,
+                 DType scale_dtype, int group_size, WeightFormat format, int64_t cols, int64_t n,
+                 std::vector<double>& out) {
   const int64_t groups = group_size == -1 ? 1 : cols / group_size;
   const int64_t g = group_size == -1 ? cols : group_size;
   out.resize(static_cast<size_t>(cols));
@@ -30,20 +32,23 @@ void dequant_row(const uint8_t* w, const uint8_t* scales, DType scale_dtype, int
     return;
   }
   for (int64_t k = 0; k < cols; ++k) {
+    const int64_t at = n * groups + k / g;
     const int q = ((row[k / 2] >> (4 * (k % 2))) & 0x0f) - 8;
+    const int z = zero_points != nullptr ? zero_points[at] : 0;
     out[static_cast<size_t>(k)] =
-        q * static_cast<double>(detail::load_float(scales, scale_dtype, n * groups + k / g));
+        (q - z) * static_cast<double>(detail::load_float(scales, scale_dtype, at));
   }
 }
 
 // y [n_tok, rows] = x [n_tok, cols] times the dequantized nibble-packed w [rows, cols]^T, plus
 // the bias (when given), in double.
-std::vector<double> project(const uint8_t* w, const uint8_t* scales, DType scale_dtype,
-                            int group_size, WeightFormat format, int64_t rows, int64_t cols,
-                            const float* bias, const std::vector<double>& x, int64_t n_tok) {
+std::vector<double> project(const uint8_t* w, const uint8_t* scales, const int8_t* zero_points,
+                            DType scale_dtype, int group_size, WeightFormat format, int64_t rows,
+                            int64_t cols, const float* bias, const std::vector<double>& x,
+                            int64_t n_tok) {
   std::vector<double> y(static_cast<size_t>(n_tok * rows)), row;
   for (int64_t n = 0; n < rows; ++n) {
-    dequant_row(w, scales, scale_dtype, group_size, format, cols, n, row);
+    dequant_row(w, scales, zero_points, scale_dtype, group_size, format, cols, n, row);
     const double b = bias != nullptr ? static_cast<double>(bias[n]) : 0.0;
     for (int64_t s = 0; s < n_tok; ++s) {
       double acc = 0.0;
@@ -102,9 +107,9 @@ std::vector<double> float_reference(const LayerSource& source, const std::vector
           in[static_cast<size_t>(s * H + k)] =
               static_cast<double>(x[static_cast<size_t>(t * H + k)]) * r;
       }
-      const std::vector<double> h =
-          project(slot.w13, slot.w13_scale, info.w13_scale_dtype, info.group_size, info.w13_format,
-                  2 * I, H, info.expert_bias ? slot.w13_bias : nullptr, in, n_tok);
+      const std::vector<double> h = project(
+          slot.w13, slot.w13_scale, slot.w13_zero_point, info.w13_scale_dtype, info.group_size,
+          info.w13_format, 2 * I, H, info.expert_bias ? slot.w13_bias : nullptr, in, n_tok);
       std::vector<double> m(static_cast<size_t>(n_tok * I));
       for (int64_t s = 0; s < n_tok; ++s)
         for (int64_t j = 0; j < I; ++j)
@@ -112,8 +117,8 @@ std::vector<double> float_reference(const LayerSource& source, const std::vector
               detail::activation_f64(info.params, h[static_cast<size_t>(s * 2 * I + j)],
                                      h[static_cast<size_t>(s * 2 * I + I + j)]);
       const std::vector<double> y =
-          project(slot.w2, slot.w2_scale, info.w2_scale_dtype, info.group_size, info.w2_format, H,
-                  I, info.expert_bias ? slot.w2_bias : nullptr, m, n_tok);
+          project(slot.w2, slot.w2_scale, slot.w2_zero_point, info.w2_scale_dtype, info.group_size,
+                  info.w2_format, H, I, info.expert_bias ? slot.w2_bias : nullptr, m, n_tok);
       for (int64_t s = 0; s < n_tok; ++s) {
         const int64_t i = list[static_cast<size_t>(s)], t = i / K;
         const double r = info.params.apply_router_weight_on_input

@@ -1,8 +1,9 @@
 // Reading a Hugging Face layer's experts (hf_layer.hpp): per-expert int4 (pack-quantized,
-// int-quantized) copied exactly, float ones quantized on load, fused ones a strip of rows at a
-// time; and releasing their file pages.
+// int-quantized, with or without zero points) copied exactly, float ones quantized on load, fused
+// ones a strip of rows at a time; and releasing their file pages.
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "common/format.hpp"
 #include "common/numeric.hpp"
@@ -20,24 +21,17 @@ constexpr int64_t kStripRows = 32;
 
 }  // namespace
 
-void HfLayer::load_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales,
-                        DType scale_dtype) const {
+void HfLayer::load_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales, DType scale_dtype,
+                        int8_t* zero_points) const {
   const ProjectionShape p = projection_shape(info_, which);
   const int64_t rows = p.rows, cols = p.cols, groups = p.groups;
   const int g = info_.group_size;
-  const auto require = [&](const std::string& name, DType dtype,
-                           const std::vector<int64_t>& shape) -> std::span<const uint8_t> {
-    if (!has(name)) fail(cat("tensor '", name, "' is missing"));
-    const TensorEntry& t = entry(name);
-    if (t.dtype != dtype || t.shape != shape)
-      fail(cat("tensor '", name, "' must be ", safetensors_dtype_name(dtype), " ",
-               shape_string(shape), ", got ", safetensors_dtype_name(t.dtype), " ",
-               shape_string(t.shape)));
-    return bytes(name);
-  };
-
   if (scheme_ == HfScheme::dense) {
     load_dense_rows(which, e, nibbles, scales, scale_dtype);
+    return;
+  }
+  if (is_gptq()) {
+    load_gptq_rows(which, e, nibbles, scales, scale_dtype, zero_points);
     return;
   }
 
@@ -99,12 +93,154 @@ void HfLayer::load_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales,
                  "], outside int4 [-8, 7]"));
     pack_nibbles(v, rows * cols, nibbles);
   }
-  if (has(tensor_name(e, which, "weight_zero_point")))
-    fail(cat("tensor '", tensor_name(e, which, "weight_zero_point"),
-             "' exists: asymmetric weights (a zero point) are not supported"));
+  load_zero_points(which, e, zero_points);
   if (has(tensor_name(e, which, "weight_g_idx")))
     fail(cat("tensor '", tensor_name(e, which, "weight_g_idx"),
              "' exists: activation reordering (act-order) is not supported"));
+}
+
+// compressed-tensors' weight_zero_point of projection `which` of expert e, one per scale: packed
+// like the weights but along the rows (pack-quantized: I32 [ceil(rows / 8), groups], element
+// (r, b) in bits 4 (r % 8) of word [r / 8, b], stored z + 8), or int8 [rows, groups]
+// (int-quantized), or one for the tensor. Into `out` for asymmetric schemes; symmetric ones may
+// carry all-zero zero points (older writers), which are checked and dropped.
+void HfLayer::load_zero_points(int which, int64_t e, int8_t* out) const {
+  const std::string name = tensor_name(e, which, "weight_zero_point");
+  if (!has(name)) {
+    if (!quantization_.symmetric)
+      fail(cat("tensor '", name,
+               "' is missing (config.json quantization_config says symmetric: false)"));
+    return;
+  }
+  const ProjectionShape p = projection_shape(info_, which);
+  const int64_t rows = p.rows, groups = info_.group_size == -1 ? 1 : p.groups;
+  const TensorEntry& t = entry(name);
+  int64_t stored = 1;
+  for (const int64_t d : t.shape) stored *= d;
+  const bool packed =
+      t.dtype == DType::i32 && t.shape == std::vector<int64_t>{(rows + 7) / 8, groups};
+  const bool bytes_per_value =
+      t.dtype == DType::i8 &&
+      (t.shape == std::vector<int64_t>{rows, groups} ||
+       (groups == 1 && (t.shape == std::vector<int64_t>{rows} || stored == 1)));
+  if (!packed && !bytes_per_value)
+    fail(cat("tensor '", name, "' must be I32 ",
+             shape_string(std::vector<int64_t>{(rows + 7) / 8, groups}),
+             " (packed along the rows) or I8 ", shape_string(std::vector<int64_t>{rows, groups}),
+             ", got ", safetensors_dtype_name(t.dtype), " ", shape_string(t.shape)));
+  const std::span<const uint8_t> b = bytes(name);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t g = 0; g < groups; ++g) {
+      int z = 0;
+      if (packed) {
+        uint32_t word = 0;
+        std::memcpy(&word, b.data() + ((r / 8) * groups + g) * 4, 4);
+        z = static_cast<int>((word >> (4 * (r % 8))) & 0x0f) - 8;
+      } else {
+        z = reinterpret_cast<const int8_t*>(b.data())[stored == 1 ? 0 : r * groups + g];
+        if (z < -8 || z > 7)
+          fail(
+              cat("tensor '", name, "' holds ", z, " at [", r, ", ", g, "], outside int4 [-8, 7]"));
+      }
+      if (quantization_.symmetric) {
+        if (z != 0)
+          fail(cat("tensor '", name, "' holds zero point ", z, " at [", r, ", ", g,
+                   "] but config.json quantization_config says symmetric weights"));
+      } else {
+        out[r * groups + g] = static_cast<int8_t>(z);
+      }
+    }
+}
+
+// GPTQ / AWQ (gptq_scheme.hpp): the [in, out] packing transposed to rows of nibbles q (w4a8moe's
+// w + 8 is GPTQ's unsigned q), the [groups, out] scales and zeros to [out, groups].
+void HfLayer::load_gptq_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales,
+                             DType scale_dtype, int8_t* zero_points) const {
+  const ProjectionShape p = projection_shape(info_, which);
+  const int64_t rows = p.rows, cols = p.cols, words = rows / 8;
+  const int64_t groups = info_.group_size == -1 ? 1 : p.groups;
+  const int64_t g = info_.group_size == -1 ? cols : info_.group_size;
+  const bool awq = gptq_.awq;
+  const std::string qweight = tensor_name(e, which, "qweight");
+  const uint8_t* qw =
+      require(qweight, DType::i32,
+              awq ? std::vector<int64_t>{cols, words} : std::vector<int64_t>{cols / 8, rows})
+          .data();
+  const std::string qzeros = tensor_name(e, which, "qzeros");
+  const uint8_t* qz = require(qzeros, DType::i32, {groups, words}).data();
+  const std::string scale_name = tensor_name(e, which, "scales");
+  if (!has(scale_name)) fail(cat("tensor '", scale_name, "' is missing"));
+  const TensorEntry& se = entry(scale_name);
+  if (!detail::is_float_dtype(se.dtype) || se.shape != std::vector<int64_t>{groups, rows})
+    fail(cat("tensor '", scale_name, "' must be F16, BF16 or F32 ",
+             shape_string(std::vector<int64_t>{groups, rows}), ", got ",
+             safetensors_dtype_name(se.dtype), " ", shape_string(se.shape)));
+  if (se.dtype != scale_dtype && scale_dtype != DType::f32)
+    fail(cat("tensor '", scale_name, "' is ", safetensors_dtype_name(se.dtype),
+             " but expert 0's scales are ", dtype_name(scale_dtype)));
+  const uint8_t* sb = bytes(scale_name).data();
+  const auto word_at = [](const uint8_t* base, int64_t i) {
+    uint32_t w = 0;
+    std::memcpy(&w, base + i * 4, 4);
+    return w;
+  };
+
+  if (!awq) {  // word [k / 8, n] holds row n's inputs 8w .. 8w + 7: four bytes of the row
+    for (int64_t w = 0; w < cols / 8; ++w)
+      for (int64_t n = 0; n < rows; ++n)
+        std::memcpy(nibbles + n * (cols / 2) + 4 * w, qw + (w * rows + n) * 4, 4);
+  } else {  // word [k, w] holds input k of rows 8w .. 8w + 7, in AWQ's nibble order
+    std::memset(nibbles, 0, static_cast<size_t>(rows * (cols / 2)));
+    for (int64_t k = 0; k < cols; ++k)
+      for (int64_t w = 0; w < words; ++w) {
+        const uint32_t word = word_at(qw, k * words + w);
+        for (int j = 0; j < 8; ++j) {
+          const auto q =
+              static_cast<uint8_t>((word >> (4 * kAwqNibble[static_cast<size_t>(j)])) & 15);
+          nibbles[(8 * w + j) * (cols / 2) + k / 2] |= static_cast<uint8_t>(q << (4 * (k % 2)));
+        }
+      }
+  }
+  for (int64_t b = 0; b < groups; ++b)
+    for (int64_t n = 0; n < rows; ++n) {
+      const int64_t to = n * groups + b;
+      if (se.dtype == scale_dtype) {
+        const size_t size = dtype_bytes(scale_dtype);
+        std::memcpy(scales + static_cast<size_t>(to) * size,
+                    sb + static_cast<size_t>(b * rows + n) * size, size);
+      } else {
+        store_scale(scales, scale_dtype, to, detail::load_float(sb, se.dtype, b * rows + n));
+      }
+      const uint32_t word = word_at(qz, b * words + n / 8);
+      const int nibble = awq ? kAwqNibble[static_cast<size_t>(n % 8)] : static_cast<int>(n % 8);
+      const int stored = static_cast<int>((word >> (4 * nibble)) & 15);
+      const int zero = stored + (gptq_.zeros_minus_one ? 1 : 0);
+      if (zero > 15)
+        fail(cat("tensor '", qzeros, "' stores 15 at [", b, ", ", n,
+                 "]: zero 16 in a \"gptq\" checkpoint (zeros stored less one), outside [0, 15]"));
+      if (zero_points != nullptr) {
+        zero_points[to] = static_cast<int8_t>(zero - 8);
+      } else if (zero != 8) {
+        fail(cat("tensor '", qzeros, "' holds zero ", zero, " at [", b, ", ", n,
+                 "] but config.json quantization_config says sym: true (every zero 8)"));
+      }
+    }
+  // act-order: a g_idx other than k / group_size permutes the groups over the inputs, which
+  // contiguous groups cannot hold
+  if (const std::string name = tensor_name(e, which, "g_idx"); has(name)) {
+    const TensorEntry& t = entry(name);
+    if ((t.dtype != DType::i32 && t.dtype != DType::i64) || t.shape != std::vector<int64_t>{cols})
+      fail(cat("tensor '", name, "' must be I32 ", shape_string(std::vector<int64_t>{cols}),
+               ", got ", safetensors_dtype_name(t.dtype), " ", shape_string(t.shape)));
+    const uint8_t* gi = bytes(name).data();
+    for (int64_t k = 0; k < cols; ++k)
+      if (const int64_t got = detail::load_index(gi, t.dtype, k); got != k / g)
+        fail(cat("tensor '", name, "' puts input ", k, " in group ", got, ", not ", k / g,
+                 ": act-order (desc_act) checkpoints whose g_idx permutes the inputs are not "
+                 "supported (w4a8moe's groups are contiguous inputs)"));
+  }
+  if (const std::string name = tensor_name(e, which, "bias"); has(name))
+    fail(cat("tensor '", name, "' exists: the experts' projections have no bias in w4a8moe"));
 }
 
 void HfLayer::load_fused_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales,
@@ -203,9 +339,11 @@ void HfLayer::load_expert(int64_t e, const ExpertSlot& slot) const {
     load_fused_rows(2, e, slot.w2, slot.w2_scale, info_.w2_scale_dtype, slot.w2_bias);
     return;
   }
-  load_rows(0, e, slot.w13, slot.w13_scale, info_.w13_scale_dtype);
-  load_rows(1, e, up, up_scales, info_.w13_scale_dtype);
-  load_rows(2, e, slot.w2, slot.w2_scale, info_.w2_scale_dtype);
+  int8_t* const up_zero_points =
+      slot.w13_zero_point != nullptr ? slot.w13_zero_point + I * g13 : nullptr;
+  load_rows(0, e, slot.w13, slot.w13_scale, info_.w13_scale_dtype, slot.w13_zero_point);
+  load_rows(1, e, up, up_scales, info_.w13_scale_dtype, up_zero_points);
+  load_rows(2, e, slot.w2, slot.w2_scale, info_.w2_scale_dtype, slot.w2_zero_point);
 }
 
 void HfLayer::release_expert(int64_t e) const {
@@ -222,7 +360,8 @@ void HfLayer::release_expert(int64_t e) const {
     return;
   }
   for (int which = 0; which < 3; ++which)
-    for (const char* suffix : {"weight_packed", "weight", "weight_scale"}) {
+    for (const char* suffix : {"weight_packed", "weight", "weight_scale", "weight_zero_point",
+                               "qweight", "qzeros", "scales", "g_idx"}) {
       const std::string name = tensor_name(e, which, suffix);
       if (has(name)) tensors_.release(name);
     }

@@ -30,6 +30,10 @@ const char* hf_scheme_name(HfScheme s) {
       return "dense";
     case HfScheme::fused_mxfp4:
       return "MXFP4";
+    case HfScheme::gptq:
+      return "GPTQ int4";
+    case HfScheme::awq:
+      return "AWQ int4";
   }
   return "?";
 }
@@ -60,7 +64,7 @@ void HfLayer::locate_block(int layer) {
       const std::string probe = cat(block, "experts.0.", n->proj[0], ".");
       block_ = block;
       naming_ = n;
-      if (has(probe + "weight_packed") || has(probe + "weight")) return;
+      if (has(probe + "weight_packed") || has(probe + "weight") || has(probe + "qweight")) return;
       if (has(fused(0, ""))) {
         scheme_ = HfScheme::fused_float;
         return;
@@ -96,7 +100,8 @@ HfLayer::HfLayer(const std::string& folder, int layer, const LoadOptions& option
   };
   for (const char* m : kHfSharedModules) {
     shared_ = m;
-    info_.has_shared_expert |= has_module(0, "weight_packed") || has_module(0, "weight");
+    info_.has_shared_expert |=
+        has_module(0, "weight_packed") || has_module(0, "weight") || has_module(0, "qweight");
     if (info_.has_shared_expert) break;
   }
   if (!options.shared_expert || !info_.has_shared_expert) shared_.clear();
@@ -110,14 +115,26 @@ HfLayer::HfLayer(const std::string& folder, int layer, const LoadOptions& option
   }
   if (!is_fused()) {
     const std::string gate0 = tensor_name(0, 0, "");
-    if (has(gate0 + "weight_packed")) {
+    if (has(gate0 + "qweight")) {
+      const json* q = config_.value("quantization_config");
+      std::string method = "(none)";
+      if (q != nullptr && q->is_object())
+        if (const auto m = q->find("quant_method"); m != q->end()) method = m->dump();
+      if (method != "\"gptq\"" && method != "\"awq\"")
+        fail(cat("tensor '", gate0,
+                 "qweight' is GPTQ / AWQ packing but config.json's quantization_config has "
+                 "quant_method ",
+                 method, ", not \"gptq\" or \"awq\""));
+      gptq_ = read_gptq_scheme(folder_, *q);
+      scheme_ = gptq_.awq ? HfScheme::awq : HfScheme::gptq;
+    } else if (has(gate0 + "weight_packed")) {
       scheme_ = HfScheme::packed;
     } else if (entry(gate0 + "weight").dtype == DType::i8) {
       scheme_ = HfScheme::int8;
     } else {
       scheme_ = HfScheme::dense;
     }
-    if (scheme_ != HfScheme::dense) {
+    if (scheme_ == HfScheme::packed || scheme_ == HfScheme::int8) {
       const json* q = config_.value("quantization_config");
       if (q == nullptr || !q->is_object())
         fail(cat("tensor '", gate0, scheme_ == HfScheme::packed ? "weight_packed" : "weight",
@@ -131,7 +148,7 @@ HfLayer::HfLayer(const std::string& folder, int layer, const LoadOptions& option
           quantization_.format != "int-quantized" && quantization_.format != "naive-quantized")
         fail(cat("config.json quantization_config format is \"", quantization_.format,
                  "\" but the experts are stored as int8 'weight' tensors (int-quantized)"));
-    } else if (options.require_exact) {
+    } else if (scheme_ == HfScheme::dense && options.require_exact) {
       fail(cat("tensor '", gate0, "weight' is ",
                safetensors_dtype_name(entry(gate0 + "weight").dtype),
                ", which does not map exactly onto int4; allow the conversion to quantize it"));
@@ -162,10 +179,15 @@ void HfLayer::read_sizes() {
   int64_t E = 1, K = 1, I = 0;
   if (!shared_.empty()) {
     // the shared expert's own intermediate size, from its gate projection [I, H(/8)]
-    const std::string w0 =
-        tensor_name(0, 0, scheme_ == HfScheme::packed ? "weight_packed" : "weight");
+    const std::string w0 = tensor_name(0, 0,
+                                       scheme_ == HfScheme::packed ? "weight_packed"
+                                       : is_gptq()                 ? "qweight"
+                                                                   : "weight");
     if (entry(w0).shape.size() != 2) fail(cat("tensor '", w0, "' must have rank 2"));
-    I = entry(w0).shape[0];
+    // GPTQ / AWQ store [in, out] (packed along one of them)
+    I = scheme_ == HfScheme::gptq  ? entry(w0).shape[1]
+        : scheme_ == HfScheme::awq ? entry(w0).shape[1] * 8
+                                   : entry(w0).shape[0];
     if (const int64_t want = config_.integer("shared_expert_intermediate_size", false);
         want > 0 && want != I)
       fail(cat("config.json shared_expert_intermediate_size is ", want, " but tensor '", w0,
@@ -195,6 +217,10 @@ void HfLayer::read_sizes() {
 // them: expert 0's shapes and the last expert's presence; then the group size and scale dtypes
 // from expert 0 (every expert is checked when loaded).
 void HfLayer::check_modules() {
+  if (is_gptq()) {
+    check_gptq_modules();
+    return;
+  }
   const int64_t H = info_.hidden, I = info_.inter, E = info_.experts;
   const char* const weight_suffix = scheme_ == HfScheme::packed ? "weight_packed" : "weight";
   if (shared_.empty() && has(tensor_name(E, 0, weight_suffix)))
@@ -275,6 +301,75 @@ void HfLayer::check_modules() {
              "H = ",
              H, " and I = ", I));
   info_.group_size = group;
+  if (!quantization_.symmetric) {
+    info_.w13_format = info_.w2_format = WeightFormat::int4_zero_point;
+    for (int i = 0; i < 3; ++i) {
+      const std::string z = tensor_name(0, i, "weight_zero_point");
+      if (!has(z))
+        fail(cat("tensor '", z,
+                 "' is missing (config.json quantization_config says symmetric: "
+                 "false)"));
+      conversions_[static_cast<size_t>(i)].source += ", zero points";
+    }
+  }
+  info_.w13_scale_dtype = scale_dtype[0] == scale_dtype[1] ? scale_dtype[0] : DType::f32;
+  info_.w2_scale_dtype = scale_dtype[2];
+}
+
+std::span<const uint8_t> HfLayer::require(const std::string& name, DType dtype,
+                                          const std::vector<int64_t>& shape) const {
+  if (!has(name)) fail(cat("tensor '", name, "' is missing"));
+  const TensorEntry& t = entry(name);
+  if (t.dtype != dtype || t.shape != shape)
+    fail(cat("tensor '", name, "' must be ", safetensors_dtype_name(dtype), " ",
+             shape_string(shape), ", got ", safetensors_dtype_name(t.dtype), " ",
+             shape_string(t.shape)));
+  return bytes(name);
+}
+
+// GPTQ / AWQ: expert 0's tensors against config.json's sizes and the quantization_config's group
+// size, the last expert's presence, the scales' dtypes (gptq_scheme.hpp for the layouts).
+void HfLayer::check_gptq_modules() {
+  const int64_t H = info_.hidden, I = info_.inter, E = info_.experts;
+  const int g = gptq_.group_size;
+  if (shared_.empty() && has(tensor_name(E, 0, "qweight")))
+    fail(cat("the checkpoint holds more than the ", E, " experts config.json announces (tensor '",
+             tensor_name(E, 0, "qweight"), "' exists)"));
+  if (!group_size_fits(g, H) || !group_size_fits(g, I))
+    fail(cat("config.json quantization_config group_size ", g,
+             " is not supported: w4a8moe needs -1 or a multiple of 32 dividing H = ", H,
+             " and I = ", I));
+  const bool zero_points = gptq_.awq || !gptq_.symmetric;
+  conversions_.resize(3);
+  DType scale_dtype[3];
+  for (int i = 0; i < 3; ++i) {
+    const int64_t rows = i == 2 ? H : I, cols = i == 2 ? I : H;
+    const int64_t groups = g == -1 ? 1 : cols / g;
+    if (rows % 8 != 0)
+      fail(cat("GPTQ / AWQ packing needs output sizes that are multiples of 8, got ", rows));
+    const std::string w = tensor_name(0, i, "qweight"), s = tensor_name(0, i, "scales");
+    require(
+        w, DType::i32,
+        gptq_.awq ? std::vector<int64_t>{cols, rows / 8} : std::vector<int64_t>{cols / 8, rows});
+    require(tensor_name(0, i, "qzeros"), DType::i32, {groups, rows / 8});
+    if (!has(s)) fail(cat("tensor '", s, "' is missing"));
+    const TensorEntry& se = entry(s);
+    if (!detail::is_float_dtype(se.dtype) || se.shape != std::vector<int64_t>{groups, rows})
+      fail(cat("tensor '", s, "' must be F16, BF16 or F32 ",
+               shape_string(std::vector<int64_t>{groups, rows}), ", got ",
+               safetensors_dtype_name(se.dtype), " ", shape_string(se.shape)));
+    scale_dtype[i] = se.dtype;
+    const std::string last = tensor_name(E - 1, i, "qweight");
+    if (!has(last))
+      fail(cat("config.json announces ", E, " experts, but tensor '", last, "' is missing"));
+    Conversion& c = conversions_[static_cast<size_t>(i)];
+    c.tensor = shared_.empty() ? cat(block_, "experts.*.", naming_->proj[i]) : module(0, i);
+    c.exact = true;
+    c.source = cat(hf_scheme_name(scheme_), g == -1 ? " channelwise" : cat(" g", g), ", ",
+                   safetensors_dtype_name(se.dtype), " scales", zero_points ? ", zero points" : "");
+  }
+  info_.group_size = g;
+  if (zero_points) info_.w13_format = info_.w2_format = WeightFormat::int4_zero_point;
   info_.w13_scale_dtype = scale_dtype[0] == scale_dtype[1] ? scale_dtype[0] : DType::f32;
   info_.w2_scale_dtype = scale_dtype[2];
 }

@@ -1,6 +1,6 @@
 // One MoE layer of a Hugging Face checkpoint folder: compressed-tensors int4
-// ("pack-quantized" or "int-quantized") or plain F16/BF16/F32 weights, in one safetensors file or
-// sharded with model.safetensors.index.json, plus config.json.
+// ("pack-quantized" or "int-quantized"), GPTQ or AWQ int4, or plain F16/BF16/F32 weights, in one
+// safetensors file or sharded with model.safetensors.index.json, plus config.json.
 //
 // Per expert J of layer N (prefix "model.layers.N.mlp.experts.J." for Qwen/OLMoE/DeepSeek,
 // "model.layers.N.block_sparse_moe.experts.J." with w1/w3/w2 for Mixtral,
@@ -11,7 +11,9 @@
 //                                      bytes are exactly w4a8moe's nibble-packed layout
 //   {gate,up,down}_proj.weight_shape   I64/I32 [2] = [N, K]
 //   {gate,up,down}_proj.weight_scale   [N, K/g] (strategy group) or [N, 1] (channel); value =
-//                                      q * scale (symmetric: no zero point)
+//                                      q * scale (symmetric), or (q - z) * scale with
+//   {gate,up,down}_proj.weight_zero_point  (symmetric: false) I32 [ceil(N/8), K/g], z + 8 packed
+//                                      eight rows a word like the weights' columns, or I8 [N, K/g]
 //   or .weight I8 [N, K] with values in [-8, 7] ("int-quantized"), or .weight F16/BF16/F32 (not
 //   quantized: converted on load).
 // This follows compressed-tensors' pack_to_int32 / unpack_from_int32 (pack-quantized compressor):
@@ -26,6 +28,8 @@
 //   experts.gate_up_proj_bias [E, 2I], experts.down_proj_bias [E, H]   gpt-oss (same columns)
 //   or, as gpt-oss ships them, MXFP4 "<name>_blocks" U8 [E, out, in/32, 16] and "<name>_scales"
 //   U8 [E, out, in/32] (one row per output, decode_mxfp4_row).
+// Or GPTQ / AWQ modules "{gate,up,down}_proj.{qweight,qzeros,scales,g_idx}" (gptq_scheme.hpp),
+// taken exactly: int4 with zero points, or symmetric int4 for GPTQ's sym.
 // Routers: "<block>gate.weight" [E, H] (gpt-oss, Llama-4: "<block>router.weight", gpt-oss with
 // "router.bias" [E] added to the logits); DeepSeek-V3's "gate.e_score_correction_bias" [E].
 // Shared experts (LoadOptions::shared_expert): "<block>shared_experts.{gate,up,down}_proj"
@@ -42,6 +46,7 @@
 
 #include "io/checkpoint.hpp"
 #include "io/compressed_tensors_scheme.hpp"
+#include "io/gptq_scheme.hpp"
 #include "io/hf_config.hpp"
 #include "io/hf_tensors.hpp"
 #include "io/model_family.hpp"
@@ -49,7 +54,7 @@
 namespace w4a8moe::io {
 
 // How the layer's experts are stored.
-enum class HfScheme { packed, int8, dense, fused_float, fused_mxfp4 };
+enum class HfScheme { packed, int8, dense, fused_float, fused_mxfp4, gptq, awq };
 const char* hf_scheme_name(HfScheme s);
 
 class HfLayer final : public LayerSource {
@@ -69,20 +74,29 @@ class HfLayer final : public LayerSource {
   bool is_fused() const {
     return scheme_ == HfScheme::fused_float || scheme_ == HfScheme::fused_mxfp4;
   }
+  bool is_gptq() const { return scheme_ == HfScheme::gptq || scheme_ == HfScheme::awq; }
   bool has(const std::string& name) const { return tensors_.has(name); }
+  // A tensor's bytes after checking its dtype and shape; Error naming it otherwise.
+  std::span<const uint8_t> require(const std::string& name, DType dtype,
+                                   const std::vector<int64_t>& shape) const;
   const TensorEntry& entry(const std::string& name) const { return tensors_.entry(name); }
   std::span<const uint8_t> bytes(const std::string& name) const { return tensors_.bytes(name); }
 
   // hf_layer.cpp
   void locate_block(int layer);
   void read_sizes();
-  void check_modules();  // per-expert (or shared) tensors: shapes, group size, scale dtypes
-  void check_fused();    // fused tensors: shapes and dtypes
+  void check_modules();       // per-expert (or shared) tensors: shapes, group size, scale dtypes
+  void check_fused();         // fused tensors: shapes and dtypes
+  void check_gptq_modules();  // GPTQ / AWQ modules: the same as check_modules
   // hf_routing.cpp
   void read_activation();
   void read_routing();
   // hf_expert_rows.cpp
-  void load_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales, DType scale_dtype) const;
+  void load_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales, DType scale_dtype,
+                 int8_t* zero_points) const;
+  void load_zero_points(int which, int64_t e, int8_t* out) const;
+  void load_gptq_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales, DType scale_dtype,
+                      int8_t* zero_points) const;
   void load_dense_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales,
                        DType scale_dtype) const;
   void load_fused_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales, DType scale_dtype,
@@ -105,6 +119,7 @@ class HfLayer final : public LayerSource {
   std::string router_name_, router_bias_name_, selection_bias_name_;
   std::string topk_method_ = "greedy";
   CompressedTensorsScheme quantization_;  // pack-quantized / int-quantized experts
+  GptqScheme gptq_;                       // GPTQ / AWQ experts
 };
 
 }  // namespace w4a8moe::io

@@ -54,7 +54,8 @@ std::string routing_text(const RoutingConfig& r, bool has_bias, bool has_selecti
   return s;
 }
 
-// Prints how a source's three weight tensors (gate, up, down) became int4 or mxfp4.
+// Prints how a source's three weight tensors (gate, up, down) became int4 (with or without zero
+// points) or mxfp4.
 void print_conversions(const io::LayerSource& source) {
   const std::vector<io::Conversion> conversions = source.conversions();
   for (size_t i = 0; i < conversions.size(); ++i) {
@@ -62,7 +63,9 @@ void print_conversions(const io::LayerSource& source) {
     const WeightFormat format = i < 2 ? source.info().w13_format : source.info().w2_format;
     if (c.exact) {
       std::printf("weights: %s: %s -> %s exactly\n", c.tensor.c_str(), c.source.c_str(),
-                  format == WeightFormat::mxfp4 ? "mxfp4" : "int4");
+                  format == WeightFormat::mxfp4             ? "mxfp4"
+                  : format == WeightFormat::int4_zero_point ? "int4 with zero points"
+                                                            : "int4");
     } else {
       std::printf(
           "weights: %s: %s -> int4 g%d (converted): relative RMS error %.3e, max abs error "
