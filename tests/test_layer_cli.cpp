@@ -225,6 +225,39 @@ TEST_F(LayerCli, CompressedTensorsFolder) {
   EXPECT_EQ(out.entry("out").dtype, DType::f32);
 }
 
+TEST_F(LayerCli, ZeroPointFoldersAreTakenExactly) {
+  // compressed-tensors symmetric: false, GPTQ (asymmetric and sym) and AWQ folders: exact (also
+  // with --exact), compared against the float reference of the file's own weights
+  struct Case {
+    CtSpec spec;
+    const char* source;
+    const char* format;
+  };
+  const Case cases[] = {
+      {{.scheme = "packed", .layers = 1, .asymmetric = true},
+       "pack-quantized int4 g32, BF16 scales, zero points",
+       "int4 with zero points"},
+      {{.scheme = "gptq", .layers = 1, .asymmetric = true},
+       "GPTQ int4 g32, F16 scales, zero points",
+       "int4 with zero points"},
+      {{.scheme = "gptq", .layers = 1}, "GPTQ int4 g32, F16 scales", "int4"},
+      {{.scheme = "awq", .strategy = "channel", .layers = 1, .asymmetric = true},
+       "AWQ int4 channelwise, F16 scales, zero points",
+       "int4 with zero points"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.source);
+    const std::string folder = dir_ / (c.spec.scheme + std::to_string(c.spec.asymmetric));
+    make_ct(c.spec).writer.write(folder);
+    const Result r = run({"--model", folder, "--layer", "0", "--tokens", "7", "--threads", "2",
+                          "--repeat", "1", "--exact", "--compare"});
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_THAT(r.out, HasSubstr(std::string("weights: model.layers.0.mlp.experts.*.down_proj: ") +
+                                 c.source + " -> " + c.format + " exactly"));
+    EXPECT_THAT(r.out, HasSubstr("compare: relative RMS error "));
+  }
+}
+
 TEST_F(LayerCli, LoadingStreams) {
 #if defined(__SANITIZE_ADDRESS__)
   GTEST_SKIP() << "resident memory says nothing under AddressSanitizer (shadow memory, quarantine)";

@@ -109,11 +109,13 @@ def init_moe(block, gen):
                 p.copy_(torch.randn(p.shape, generator=gen) * gain / math.sqrt(p.shape[1]))
 
 
-def quantize_with_compressed_tensors(model, plain, folder, strategy, group_size, targets):
-    """compressed-tensors' own path: attach the scheme, set scales from its calculate_qparams,
-    put the weights on its int4 grid with fake_quantize (copied into `plain`, the reference),
-    compress with ModelCompressor to pack-quantized and save with safetensors."""
-    args = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy=strategy,
+def quantize_with_compressed_tensors(model, plain, folder, strategy, group_size, targets,
+                                     symmetric=True):
+    """compressed-tensors' own path: attach the scheme, set scales (and, asymmetric, zero points)
+    from its calculate_qparams, put the weights on its int4 grid with fake_quantize (copied into
+    `plain`, the reference), compress with ModelCompressor to pack-quantized (zero points packed
+    along the rows) and save with safetensors."""
+    args = QuantizationArgs(num_bits=4, type="int", symmetric=symmetric, strategy=strategy,
                             group_size=group_size if strategy == "group" else None)
     config = QuantizationConfig(
         config_groups={"int4": QuantizationScheme(targets=targets, weights=args)},
@@ -143,11 +145,16 @@ def quantize_with_compressed_tensors(model, plain, folder, strategy, group_size,
     return quantized
 
 
-# (architecture, strategy, group size, dtype, compressed-tensors targets, extra layer flags)
+# (architecture, strategy, group size, dtype, compressed-tensors targets, extra layer flags
+# [, "asymmetric": symmetric: false, zero points])
 CASES = [
     ("qwen3_moe", "group", 32, torch.float32, [r"re:.*experts\.\d+\.(gate|up|down)_proj$"], ()),
     ("qwen3_moe", "channel", None, torch.bfloat16, [r"re:.*experts\.\d+\.(gate|up|down)_proj$"],
      ()),
+    ("qwen3_moe", "group", 32, torch.float32, [r"re:.*experts\.\d+\.(gate|up|down)_proj$"], (),
+     "asymmetric"),
+    ("olmoe", "channel", None, torch.bfloat16, [r"re:.*experts\.\d+\.(gate|up|down)_proj$"], (),
+     "asymmetric"),
     ("mixtral", "group", 64, torch.bfloat16, [r"re:.*experts\.\d+\.w[123]$"], ()),
     ("olmoe", "channel", None, torch.float32, [r"re:.*experts\.\d+\.(gate|up|down)_proj$"], ()),
     ("gpt_oss", None, None, torch.float32, None, ()),
@@ -159,12 +166,14 @@ CASES = [
 def case_id(case):
     arch, strategy, g, dtype, *_ = case
     what = "unquantized" if strategy is None else (f"g{g}" if strategy == "group" else strategy)
-    return f"{arch}-{what}-{str(dtype).split('.')[-1]}"
+    asym = "-asymmetric" if len(case) > 6 else ""
+    return f"{arch}-{what}{asym}-{str(dtype).split('.')[-1]}"
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_layer_matches_transformers_block(case, tmp_path):
-    arch, strategy, group_size, dtype, targets, flags = case
+    arch, strategy, group_size, dtype, targets, flags = case[:6]
+    symmetric = len(case) == 6
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(zlib.crc32(case_id(case).encode()))
     model = models()[arch]().eval()
@@ -175,14 +184,18 @@ def test_layer_matches_transformers_block(case, tmp_path):
     if strategy is None:
         model.save_pretrained(folder, safe_serialization=True)
     else:
-        quantize_with_compressed_tensors(model, plain, folder, strategy, group_size, targets)
+        quantize_with_compressed_tensors(model, plain, folder, strategy, group_size, targets,
+                                         symmetric)
         qc = json.loads((folder / "config.json").read_text())["quantization_config"]
         assert qc["format"] == "pack-quantized" and qc["quant_method"] == "compressed-tensors"
+        assert all(g["weights"]["symmetric"] == symmetric for g in qc["config_groups"].values())
 
     x = torch.randn(T, H, generator=gen)
     out, ids, wts, stdout = run_layer(folder, x, tmp_path, *flags)
-    if strategy is not None:
+    if strategy is not None and symmetric:
         assert "pack-quantized int4" in stdout and "-> int4 exactly" in stdout, stdout
+    elif strategy is not None:
+        assert "zero points -> int4 with zero points exactly" in stdout, stdout
     else:
         assert "relative RMS error 0.000e+00" in stdout, stdout  # the int4 grid: lossless
 
@@ -225,3 +238,50 @@ def test_comparison_sees_a_wrong_layout(tmp_path):
     with torch.no_grad():
         ref, _ = moe_block(plain)(x.reshape(1, T, H))
     assert relative_rms(out, ref.reshape(T, H)) > 10 * TOLERANCE
+
+
+def test_mxfp4_folder_matches_transformers_dequantize(tmp_path):
+    """gpt-oss's MXFP4 experts (`*_blocks` U8 [E, out, in/32, 16], `*_scales` U8 [E, out, in/32],
+    as its checkpoints ship them) taken exactly by `layer --exact`, against transformers' block
+    whose experts hold transformers' own decoding of the same bytes (convert_moe_packed_tensors,
+    what Mxfp4Config(dequantize=True) loads): only the int8 activations differ."""
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    gen = torch.Generator().manual_seed(11)
+    model = models()["gpt_oss"]().eval()
+    init_moe(moe_block(model), gen)
+    folder = tmp_path / "oss"
+    model.save_pretrained(folder, safe_serialization=True)
+    tensors = load_file(str(folder / "model.safetensors"))
+    prefix = "model.layers.0.mlp.experts."
+    plain = moe_block(model)
+    for name, rows, cols in (("gate_up_proj", 2 * I, H), ("down_proj", H, I)):
+        # every code, exponents 2^-7 .. 2^-4 (outputs of order one)
+        blocks = torch.randint(0, 256, (E, rows, cols // 32, 16), generator=gen, dtype=torch.uint8)
+        scales = torch.randint(120, 124, (E, rows, cols // 32), generator=gen, dtype=torch.uint8)
+        del tensors[prefix + name]
+        tensors[prefix + name + "_blocks"] = blocks
+        tensors[prefix + name + "_scales"] = scales
+        with torch.no_grad():
+            getattr(plain.experts, name).copy_(
+                convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4",
+                                     "modules_to_not_convert": ["model.layers.*.self_attn"]}
+    (folder / "config.json").write_text(json.dumps(config))
+
+    x = torch.randn(T, H, generator=gen)
+    out, ids, _, stdout = run_layer(folder, x, tmp_path, "--exact", "--compare")
+    assert "gate_up_proj_blocks (gate, interleaved): MXFP4 -> mxfp4 exactly" in stdout, stdout
+    with torch.no_grad():
+        ref, router = plain(x.reshape(1, T, H))
+    ref = ref.reshape(T, H)
+    want = [sorted(torch.nonzero(router[t]).flatten().tolist()) for t in range(T)]
+    assert [sorted(r.tolist()) for r in ids] == want, "routing differs from transformers'"
+    size = ref.double().pow(2).mean().sqrt().item()
+    assert 0.1 < size < 10, f"reference RMS {size:.3g} is not of order one"
+    err = relative_rms(out.float(), ref)
+    print(f"gpt-oss MXFP4: relative RMS error {err:.4f} against transformers' block")
+    assert err < TOLERANCE, f"relative RMS error {err:.3g} against transformers' decoding"

@@ -369,7 +369,7 @@ int compare_with_reference(const LayerOptions& options, const Layer& l,
   const double rel_rms = ref_sq > 0 ? std::sqrt(err_sq / ref_sq) : std::sqrt(err_sq);
   std::printf(
       "compare: relative RMS error %.3e, max abs error %.3e (largest |ref| %.3e) against the "
-      "float reference (the int4 weights dequantized, activations not quantized%s)\n",
+      "float reference (the weights as loaded, dequantized; activations not quantized%s)\n",
       rel_rms, max_err, max_ref, l.with_shared ? "; shared expert included" : "");
   if (!(rel_rms <= kCompareBound)) {
     std::fprintf(stderr,
