@@ -24,8 +24,11 @@ using w4a8moe::ExpertShard;
 moe_test::PackedPair pack_shard(const Case& c, const ExpertShard& shard) {
   w4a8moe::PackOptions o = c.pack_options();
   o.experts.assign(shard.globals().begin(), shard.globals().end());
-  return {w4a8moe::pack_w13(c.w13_view(), c.w13_scale_view(), c.w13_bias_view(), o),
-          w4a8moe::pack_w2(c.w2_view(), c.w2_scale_view(), c.w2_bias_view(), o)};
+  w4a8moe::PackedWeights w13 = w4a8moe::pack_w13(c.w13_view(), c.w13_scale_view(),
+                                                 c.w13_zero_point_view(), c.w13_bias_view(), o);
+  o.input_order = {};  // w13's only
+  return {std::move(w13), w4a8moe::pack_w2(c.w2_view(), c.w2_scale_view(), c.w2_zero_point_view(),
+                                           c.w2_bias_view(), o)};
 }
 
 std::vector<ExpertShard> even_shards(int64_t experts, int64_t ranks) {
@@ -219,6 +222,15 @@ std::vector<EpCase> ep_cases() {
   channelwise.hidden = 200;  // H not a multiple of the block: padded rows
   channelwise.seed = 32;
   add(channelwise, {2});
+  CaseSpec ordered = base;  // w13 with an input order and zero points (act-order GPTQ)
+  ordered.input_order = true;
+  ordered.zero_points = true;
+  ordered.seed = 33;
+  add(ordered, {1, 2, 4});
+  CaseSpec ordered_on_input = on_input_k2;
+  ordered_on_input.input_order = true;
+  ordered_on_input.seed = 34;
+  add(ordered_on_input, {2});
   return out;
 }
 

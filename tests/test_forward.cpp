@@ -347,6 +347,33 @@ std::vector<Named> feature_grid() {
     s.activation = Activation::gelu;
     add("zero_points_channelwise_router_on_input", s);
   }
+  {  // an input order (act-order checkpoints): each expert gathers x by its own permutation
+    CaseSpec s = base();
+    s.group_size = 32;
+    s.input_order = true;
+    add("input_order_g32", s);
+    s.tokens = 1;
+    add("input_order_one_token", s);
+    s.tokens = 41;
+    s.zero_points = true;
+    s.group_size = 128;
+    s.x_dtype = DType::bf16;
+    s.routing = Routing::repeated;
+    add("input_order_zero_points_g128_bf16_repeated", s);
+    s.group_size = -1;
+    s.zero_points = false;
+    s.apply_router_weight_on_input = true;
+    s.interleaved = true;
+    s.bias = true;
+    s.x_stride_extra = 3;
+    add("input_order_channelwise_router_on_input_interleaved", s);
+    s = base(19);
+    s.hidden = 200;
+    s.inter = 72;
+    s.group_size = -1;
+    s.input_order = true;
+    add("input_order_H200_I72_padded_columns", s);
+  }
   return out;
 }
 
@@ -435,6 +462,8 @@ TEST(LibraryReference, MatchesIndependentReference) {
     s.group_size = 64;
     s.zero_points = true;
     s.interleaved = true;
+    specs.push_back(s);
+    s.input_order = true;  // and gathers x by w13's input order
     specs.push_back(s);
   }
   uint64_t seed = 300;
@@ -541,6 +570,26 @@ TEST_F(ComparisonRejects, MissingBiasOrRouterWeightOnInput) {
                                        changed([](moe_ref::Problem& p) { p.w13_bias.clear(); })));
   EXPECT_FALSE(moe_test::matches_exact(
       case_, got_, changed([](moe_ref::Problem& p) { p.apply_router_weight_on_input = true; })));
+}
+
+TEST_F(ComparisonRejects, InputOrderIgnoredOrOneSwap) {
+  // w13 packed with input orders, against references that ignore them or swap two inputs of one
+  // expert in use
+  CaseSpec s = spec_;
+  s.input_order = true;
+  s.group_size = 32;
+  const Case c = moe_test::make_case(s);
+  const std::vector<float> got =
+      moe_test::run_forward(c, moe_test::pack(c), shared_context()).to_float();
+  ASSERT_TRUE(moe_test::matches_exact(c, got, moe_ref::exact_forward(c.problem)));
+  moe_ref::Problem ignored = c.problem;
+  ignored.w13_input_order.clear();
+  EXPECT_FALSE(moe_test::matches_exact(c, got, moe_ref::exact_forward(ignored)));
+  moe_ref::Problem swapped = c.problem;
+  const int64_t e = swapped.ids[0];
+  std::swap(swapped.w13_input_order[static_cast<size_t>(e * s.hidden)],
+            swapped.w13_input_order[static_cast<size_t>(e * s.hidden + 1)]);
+  EXPECT_FALSE(moe_test::matches_exact(c, got, moe_ref::exact_forward(swapped)));
 }
 
 TEST_F(ComparisonRejects, OneScaleOff) {

@@ -11,6 +11,7 @@
 #include "pack/packed_format.hpp"
 #include "reference/reference.hpp"
 #include "test_util.hpp"
+#include "w4a8moe/expert_packer.hpp"
 #include "w4a8moe/w4a8moe.hpp"
 
 namespace {
@@ -649,3 +650,128 @@ TEST(Mxfp4Support, AsksForGroup32) {
 }
 
 }  // namespace
+
+// ---- an input order (act-order checkpoints) ----------------------------------------------------
+
+class InputOrderInput : public PackedDamage {
+ protected:
+  void SetUp() override {
+    CaseSpec s = small_spec();
+    s.input_order = true;
+    case_ = moe_test::make_case(s);
+    packed_ = pack(case_);
+  }
+  w4a8moe::PackOptions options() const {
+    w4a8moe::PackOptions o = case_.pack_options();
+    o.kernel_set = kernel_set();
+    return o;
+  }
+  std::function<void()> pack13(const TensorView& order) const {
+    return [this, order] {
+      w4a8moe::PackOptions o = options();
+      o.input_order = order;
+      w4a8moe::pack_w13(case_.w13_view(), case_.w13_scale_view(), {}, o);
+    };
+  }
+};
+
+TEST_F(InputOrderInput, PacksWithTheOrderRecorded) {
+  const w4a8moe::PackedInfo info = w4a8moe::inspect_packed(packed_.w13.bytes(), "w13_packed");
+  EXPECT_TRUE(info.has_input_order);
+  EXPECT_FALSE(w4a8moe::inspect_packed(packed_.w2.bytes(), "w2_packed").has_input_order);
+  EXPECT_EQ(w4a8moe::packed_size(w4a8moe::WeightRole::w13, 3, 256, 256, DType::f32, false,
+                                 options(), "w13"),
+            packed_.w13.size());
+  // each expert block ends with its order, int32 per input
+  const w4a8moe::detail::Geometry g = w4a8moe::detail::read_geometry(packed_.w13.bytes(), "w13");
+  w4a8moe::PackOptions plain = options();
+  plain.input_order = {};
+  const PackedWeights without =
+      w4a8moe::pack_w13(case_.w13_view(), case_.w13_scale_view(), {}, plain);
+  EXPECT_EQ(g.expert_bytes, w4a8moe::inspect_packed(without.bytes()).expert_bytes + 256 * 4);
+  for (int64_t e = 0; e < 3; ++e) {
+    const uint8_t* block =
+        packed_.w13.bytes().data() + w4a8moe::detail::kHeaderBytes + e * g.expert_bytes;
+    EXPECT_EQ(std::memcmp(g.input_order(block), case_.w13_input_order.data() + e * 256, 256 * 4), 0)
+        << "expert " << e;
+  }
+}
+
+TEST_F(InputOrderInput, TheIdentityOrderGivesTheBitsOfNone) {
+  Case identity = case_;
+  for (int64_t e = 0; e < 3; ++e)
+    for (int32_t c = 0; c < 256; ++c)
+      identity.w13_input_order[static_cast<size_t>(e * 256 + c)] = c;
+  Case none = identity;
+  none.spec.input_order = false;
+  w4a8moe::Context context(2);
+  const std::vector<float> a = moe_test::run_forward(identity, pack(identity), context).to_float();
+  const std::vector<float> b = moe_test::run_forward(none, pack(none), context).to_float();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "element " << i;
+}
+
+TEST_F(InputOrderInput, ChunksAndSelectedExpertsPackTheirOwnOrders) {
+  // ExpertPacker: two chunks, each with its experts' rows of the order
+  w4a8moe::PackOptions o = options();
+  o.input_order = {};
+  w4a8moe::ExpertPacker packer(w4a8moe::WeightRole::w13, 3, o);
+  // case_ is H 256, I 128, g 64: w13 int8 [E, 256, 256], f32 scales [E, 256, 4]
+  for (const auto& [e0, n] : {std::pair<int64_t, int64_t>{0, 2}, {2, 1}})
+    packer.append(
+        TensorView::of(case_.w13.data() + e0 * 256 * 256, DType::i8, {n, 256, 256}),
+        TensorView::of(case_.w13_scale.values.data() + e0 * 256 * 4, DType::f32, {n, 256, 4}), {},
+        {}, TensorView::of(case_.w13_input_order.data() + e0 * 256, DType::i32, {n, 256}));
+  EXPECT_TRUE(same_bytes(std::move(packer).finish(), packed_.w13));
+  // PackOptions::experts selects rows of the order with the experts
+  w4a8moe::PackOptions some = options();
+  some.experts = {2, 0};
+  const PackedWeights two = w4a8moe::pack_w13(case_.w13_view(), case_.w13_scale_view(), {}, some);
+  const w4a8moe::detail::Geometry g = w4a8moe::detail::read_geometry(two.bytes(), "w13");
+  const uint8_t* first = two.bytes().data() + w4a8moe::detail::kHeaderBytes;
+  EXPECT_EQ(std::memcmp(g.input_order(first), case_.w13_input_order.data() + 2 * 256, 256 * 4), 0);
+}
+
+TEST_F(InputOrderInput, RefusesWhatIsNotAPermutationOrNotW13s) {
+  std::vector<int32_t> order = case_.w13_input_order;
+  const auto view = [&](DType dtype, std::initializer_list<int64_t> shape) {
+    return TensorView::of(order.data(), dtype, shape);
+  };
+  EXPECT_TRUE(moe_test::throws_error(
+      pack13(view(DType::i64, {3, 128})),
+      {"PackOptions::input_order", "expected contiguous int32 [3, 256]", "got i64 [3, 128]"}));
+  EXPECT_TRUE(moe_test::throws_error(
+      pack13(view(DType::i32, {3, 255})),
+      {"PackOptions::input_order", "expected contiguous int32 [3, 256]", "got i32 [3, 255]"}));
+  order[256 + 7] = 256;
+  EXPECT_TRUE(moe_test::throws_error(
+      pack13(view(DType::i32, {3, 256})),
+      {"PackOptions::input_order", "expected inputs in [0, 256)", "got 256 at [1, 7]"}));
+  order[256 + 7] = order[256 + 8];
+  EXPECT_TRUE(moe_test::throws_error(
+      pack13(view(DType::i32, {3, 256})),
+      {"PackOptions::input_order", "permutation of [0, 256)", "twice in row 1"}));
+  // w2's inputs are w13's rows: an order for w2 is refused
+  w4a8moe::PackOptions o = options();
+  o.input_order = case_.pack_options().input_order;
+  EXPECT_TRUE(moe_test::throws_error(
+      [&] { w4a8moe::pack_w2(case_.w2_view(), case_.w2_scale_view(), {}, o); },
+      {"PackOptions::input_order", "expected none for w2"}));
+  // a w2 header that says it has one is damaged
+  expect_rejected(with_header(packed_.w2,
+                              [](w4a8moe::detail::PackedHeader& h) {
+                                h.flags |= w4a8moe::detail::kFlagInputOrder;
+                              })
+                      .bytes(),
+                  false, {"input order flag"});
+  // the library's reference checks the logical order too
+  w4a8moe::LogicalWeights lw = case_.logical();
+  lw.w13_input_order = view(DType::i32, {3, 256});
+  moe_test::Output out = moe_test::make_output(case_);
+  EXPECT_TRUE(moe_test::throws_error(
+      [&] {
+        w4a8moe::reference_forward(case_.x_view(), case_.ids_view(), case_.topk_weights_view(), lw,
+                                   case_.params(), out.view());
+      },
+      {"w13_input_order", "twice in row 1"}));
+}

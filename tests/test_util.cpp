@@ -81,6 +81,7 @@ std::string describe(const CaseSpec& s) {
   if (s.nibbles) o << " nibbles";
   if (s.mxfp4) o << " mxfp4";
   if (s.zero_points) o << " zero_points";
+  if (s.input_order) o << " input_order";
   if (s.weight_values == WeightValues::extremes) o << " w=extremes";
   if (s.x_stride_extra != 0) o << " x_stride=H+" << s.x_stride_extra;
   o << " routing=" << routing_name(s.routing) << " seed=" << s.seed;
@@ -320,6 +321,16 @@ Case make_case(const CaseSpec& spec) {
   p.alpha = s.alpha;
   p.limit = s.limit;
   p.apply_router_weight_on_input = s.apply_router_weight_on_input;
+  if (s.input_order) {  // a generator of its own: the other tensors are those of the same spec
+    Rng order_rng(s.seed ^ 0x5eedu);
+    c.w13_input_order.resize(static_cast<size_t>(E * H));
+    for (int64_t e = 0; e < E; ++e) {  // Fisher-Yates
+      int32_t* row = c.w13_input_order.data() + e * H;
+      std::iota(row, row + H, 0);
+      for (int64_t i = H - 1; i > 0; --i) std::swap(row[i], row[order_rng.integer(0, i)]);
+    }
+    p.w13_input_order = c.w13_input_order;
+  }
   return c;
 }
 
@@ -400,6 +411,8 @@ w4a8moe::PackOptions Case::pack_options() const {
   o.gate_up_layout = gate_up_layout(spec);
   if (spec.mxfp4) o.weight_format = w4a8moe::WeightFormat::mxfp4;
   if (spec.zero_points) o.weight_format = w4a8moe::WeightFormat::int4_zero_point;
+  if (spec.input_order)
+    o.input_order = TensorView::of(w13_input_order.data(), DType::i32, {spec.experts, spec.hidden});
   return o;
 }
 
@@ -412,6 +425,7 @@ w4a8moe::LogicalWeights Case::logical() const {
           .w2_bias = w2_bias_view(),
           .w13_zero_point = w13_zero_point_view(),
           .w2_zero_point = w2_zero_point_view(),
+          .w13_input_order = pack_options().input_order,
           .group_size = spec.group_size,
           .gate_up_layout = gate_up_layout(spec),
           .weight_format = pack_options().weight_format};
@@ -433,6 +447,7 @@ PackedPair pack(const Case& c, const std::string& kernel_set) {
   p.w13 = w4a8moe::pack_w13(c.w13_view(), c.w13_scale_view(), c.w13_zero_point_view(),
                             c.w13_bias_view(), o);
   o.gate_up_layout = w4a8moe::GateUpLayout::halves;
+  o.input_order = {};  // w13's only
   p.w2 =
       w4a8moe::pack_w2(c.w2_view(), c.w2_scale_view(), c.w2_zero_point_view(), c.w2_bias_view(), o);
   return p;

@@ -68,6 +68,9 @@ struct CaseSpec {
   // int4 with zero points: a random zero point in [-8, 7] per row and group beside the int4
   // values; the reference gets w - z (make_case)
   bool zero_points = false;
+  // w13 packed with an input order (PackOptions::input_order): a random permutation of [0, H)
+  // per expert, which the reference applies to x itself
+  bool input_order = false;
   Routing routing = Routing::random;
   WeightValues weight_values = WeightValues::uniform;
   int64_t x_stride_extra = 0;  // x row stride = H + this (the padding holds NaN)
@@ -99,6 +102,7 @@ struct Case {
   FloatTensor w13_scale, w2_scale, w13_bias, w2_bias;
   std::vector<uint8_t> w13_exponents, w2_exponents;   // mxfp4: the e8m0 scales
   std::vector<int8_t> w13_zero_point, w2_zero_point;  // zero points: shaped like the scales
+  std::vector<int32_t> w13_input_order;               // [E, H] with spec.input_order
 
   w4a8moe::TensorView x_view() const;
   w4a8moe::TensorView ids_view() const;

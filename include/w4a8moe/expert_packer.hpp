@@ -26,6 +26,10 @@ class ExpertPacker {
   // The same with zero points (PackOptions::weight_format int4_zero_point).
   void append(const TensorView& w, const TensorView& scale, const TensorView& zero_point,
               const TensorView& bias);
+  // The same with the chunk's input order (w13 only, PackOptions::input_order's rows of these
+  // experts; empty: none): every chunk has one or none does.
+  void append(const TensorView& w, const TensorView& scale, const TensorView& zero_point,
+              const TensorView& bias, const TensorView& input_order);
 
   int64_t experts() const noexcept { return experts_; }
   int64_t appended() const noexcept { return appended_; }

@@ -173,6 +173,12 @@ struct PackOptions {
   // The experts to pack, by index into the given tensors, in this order: the local experts of a
   // process (ExpertShard::globals(), w4a8moe/expert_parallel.hpp). Empty: all of them.
   std::vector<int32_t> experts;
+  // w13 only, optional: int32 [E, H], row e a permutation of [0, H): column c of expert e's
+  // given weights multiplies input input_order[e, c] (act-order checkpoints, GPTQ's g_idx: their
+  // scale groups are contiguous in this order, not in the inputs'). Recorded in the packed
+  // buffer; forward() gathers each token's row by it, per expert (docs/operator.md,
+  // "Input order"). Indexed like the tensors (PackOptions::experts selects from it too).
+  TensorView input_order;
 };
 
 // What a packed buffer says about itself (decoded and checked header).
@@ -189,6 +195,7 @@ struct PackedInfo {
   bool has_bias = false;
   size_t expert_bytes = 0;  // bytes one expert occupies (weights, scales, sums, bias)
   size_t total_bytes = 0;
+  bool has_input_order = false;  // w13 packed with PackOptions::input_order
 };
 
 // A packed, self-describing, versioned weight buffer (64-byte aligned). Its bytes may be copied
@@ -376,6 +383,7 @@ struct LogicalWeights {
   TensorView w13, w13_scale, w13_bias;
   TensorView w2, w2_scale, w2_bias;
   TensorView w13_zero_point, w2_zero_point;  // int4_zero_point only: int8 shaped like the scales
+  TensorView w13_input_order;                // optional, as PackOptions::input_order
   int group_size = -1;
   GateUpLayout gate_up_layout = GateUpLayout::halves;
   WeightFormat weight_format = WeightFormat::int4_symmetric;  // of both w13 and w2

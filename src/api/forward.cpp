@@ -169,15 +169,20 @@ int64_t down_slice(int64_t hidden, int threads) {
   return std::clamp<int64_t>(hidden / (4 * int64_t{threads}) / 64 * 64, 64, kSliceHMax);
 }
 
+// Input rows are quantized once per (token, slot) pair, not once per token, when the router
+// weight multiplies the input or w13 has an input order (each expert's own gather of x).
+bool per_pair_rows(const ForwardJob& p) {
+  return p.params->apply_router_weight_on_input || p.w13->has_input_order;
+}
+
 struct Layout {
   size_t qx, qx_rows, order, begin, active, done, m, qm, qm_rows, acc, thread_buf, total;
   Scratch scratch;
 };
 
 Layout plan(const Problem& p, int64_t chunk, int threads) {
-  const bool on_input = p.params->apply_router_weight_on_input;
   const size_t pairs = static_cast<size_t>(chunk * p.s.top_k);
-  const size_t x_rows = on_input ? pairs : static_cast<size_t>(chunk);
+  const size_t x_rows = per_pair_rows(p) ? pairs : static_cast<size_t>(chunk);
   Layout l{};
   Scratch& s = l.scratch;
   // A quantized row: cols_padded bytes, then the group terms if the kernel set wants them.
@@ -312,14 +317,20 @@ class Worker {
   // Row r of the staged input into the kernel set's row format: the int8 values, the padding
   // as the zero point, and the group terms (-offset * SUM q per group) when the set reads them, as
   // its quantizer writes them.
-  void stage_row(int64_t r, uint8_t* dst, QuantRow* row) const {
+  // With w13's input order (`order`), the values gathered by it: a quantized value depends only
+  // on its input and the row's scale and zero point, which no order changes.
+  void stage_row(int64_t r, uint8_t* dst, QuantRow* row, const int32_t* order) const {
     const StagedRows& st = *p_.staged;
     const uint8_t* rec = st.base + static_cast<size_t>(r) * st.stride;
     const int64_t H = p_.s.hidden, padded = p_.w13->cols_padded;
     QuantRow q;
     std::memcpy(&q.recip, rec + st.recip_offset, 4);
     std::memcpy(&q.zp, rec + st.zp_offset, 4);
-    std::memcpy(dst, rec + st.q_offset, static_cast<size_t>(H));
+    if (order != nullptr) {
+      for (int64_t c = 0; c < H; ++c) dst[c] = rec[st.q_offset + input_index(order, c, H)];
+    } else {
+      std::memcpy(dst, rec + st.q_offset, static_cast<size_t>(H));
+    }
     std::fill(dst + H, dst + padded, static_cast<uint8_t>(static_cast<int8_t>(q.zp)));
     q.data = dst;
     if (p_.set->group_terms) {
@@ -339,9 +350,8 @@ class Worker {
   // Phase 0 (the thread's share of it); returns the chunk's input rows. Adds to sync_.ready as
   // it goes (release: the rows are visible to whoever sees the count).
   int64_t quantize_inputs(int tid, int64_t t0, int64_t tokens) {
-    const bool on_input = p_.params->apply_router_weight_on_input;
     const int64_t K = p_.s.top_k;
-    const int64_t rows = on_input ? tokens * K : tokens;
+    const int64_t rows = per_pair_rows(p_) ? tokens * K : tokens;
     float* row = thread_buf(tid);
     for (;;) {
       const int64_t r0 = sync_.claim.fetch_add(kQuantBatch, std::memory_order_relaxed);
@@ -356,20 +366,26 @@ class Worker {
   // Input rows [r0, r1) of the chunk, quantized (row: the thread's f32 scratch).
   void quantize_batch(int64_t t0, int64_t r0, int64_t r1, float* row) {
     const bool on_input = p_.params->apply_router_weight_on_input;
+    const bool per_pair = per_pair_rows(p_);
     const int64_t K = p_.s.top_k;
     for (int64_t r = r0; r < r1; ++r) {
-      // a row of the weight-on-input form belongs to one pair: none to quantize for a pair
-      // held elsewhere
-      if (on_input && local_expert(t0, r) < 0) continue;
+      // a row of a pair belongs to that pair: none to quantize for a pair held elsewhere
+      const int64_t e = per_pair ? local_expert(t0, r) : -1;
+      if (per_pair && e < 0) continue;
+      // w13's input order: the expert's gather of the row
+      const int32_t* order = p_.w13->has_input_order
+                                 ? reinterpret_cast<const int32_t*>(p_.w13->input_order(
+                                       p_.w13_base + static_cast<size_t>(e) * p_.w13->expert_bytes))
+                                 : nullptr;
       uint8_t* dst = s_.qx + static_cast<size_t>(r) * s_.qx_stride;
+      const int64_t t = per_pair ? r / K : r;
       if (p_.staged != nullptr) {
-        stage_row((on_input ? t0 * K : t0) + r, dst, &s_.qx_rows[r]);
+        stage_row(on_input ? t0 * K + r : t0 + t, dst, &s_.qx_rows[r], order);
         continue;
       }
-      const int64_t t = on_input ? r / K : r;
       quantize_input_row(*p_.set, *p_.x, t0 + t, on_input, on_input ? router_weight(t0, r) : 1.0f,
                          row, p_.w13->cols_padded, p_.w13->group_len, p_.w13->group_term_offset(),
-                         dst, &s_.qx_rows[r]);
+                         dst, &s_.qx_rows[r], order);
     }
   }
 
@@ -389,7 +405,7 @@ class Worker {
   }
 
   void gate_up(int tid) {
-    const bool on_input = p_.params->apply_router_weight_on_input;
+    const bool per_pair = per_pair_rows(p_);
     const int64_t I = p_.s.inter, K = p_.s.top_k, tile = p_.set->tile_m;
     const int64_t slices = inter_slices();
     const Geometry& w13 = *p_.w13;
@@ -421,7 +437,7 @@ class Worker {
         const int64_t j = s_.begin[e] + tiles.start(ti), m = tiles.size(ti);
         for (int64_t r = 0; r < m; ++r) {
           const int32_t pair = s_.order[j + r];
-          a[r] = s_.qx_rows[on_input ? pair : pair / K];
+          a[r] = s_.qx_rows[per_pair ? pair : pair / K];
         }
         const bool first = j == s_.begin[e];  // the tile that prefetches the next task
         gemm(m, a, expert, w13, gate0, gate0 + (i1 - i0), cg, kSliceI, first ? pf_gate : nullptr);
@@ -551,9 +567,12 @@ namespace detail {
 
 void quantize_input_row(const KernelSet& set, const TensorView& x, int64_t t, bool weighted,
                         float weight, float* row, int64_t cols_padded, int64_t group_len,
-                        int32_t group_term_offset, void* dst, QuantRow* out) {
+                        int32_t group_term_offset, void* dst, QuantRow* out, const int32_t* order) {
   const int64_t H = x.shape[1], base = t * x.stride();
-  if (x.dtype == DType::f32 && !weighted) {
+  if (order != nullptr) {
+    for (int64_t c = 0; c < H; ++c)
+      row[c] = load_float(x.data, x.dtype, base + input_index(order, c, H)) * weight;
+  } else if (x.dtype == DType::f32 && !weighted) {
     std::memcpy(row, static_cast<const uint8_t*>(x.data) + base * 4, static_cast<size_t>(H) * 4);
   } else {
     for (int64_t h = 0; h < H; ++h) row[h] = load_float(x.data, x.dtype, base + h) * weight;

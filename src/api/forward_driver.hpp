@@ -2,6 +2,7 @@
 // expert parallelism (docs/expert-parallel.md): one job description, one driver.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -58,10 +59,18 @@ inline void set_weights(ForwardJob& job, const Geometry& w13, const Geometry& w2
 // Row t of x, times `weight` when `weighted` (the router weight on the input), quantized by
 // `set` into dst (cols_padded bytes, then the group terms for weights of offset
 // group_term_offset if the set writes them): the one quantization of an input row, whether
-// forward() or a dispatching process does it.
+// forward() or a dispatching process does it. With `order` (w13's input order of one expert),
+// column c of the row is x[t, order[c]].
 void quantize_input_row(const KernelSet& set, const TensorView& x, int64_t t, bool weighted,
                         float weight, float* row, int64_t cols_padded, int64_t group_len,
-                        int32_t group_term_offset, void* dst, QuantRow* out);
+                        int32_t group_term_offset, void* dst, QuantRow* out,
+                        const int32_t* order = nullptr);
+
+// Input order[c] of a row of `cols` inputs. The packer wrote permutations; a damaged buffer
+// (whose body no checksum covers) is clamped to the row rather than read outside it.
+inline int64_t input_index(const int32_t* order, int64_t c, int64_t cols) noexcept {
+  return std::min<int64_t>(static_cast<uint32_t>(order[c]), cols - 1);
+}
 
 // forward() and forward_local(): the checks (ids name rules.id_experts experts when set), then
 // the run. local_of as ForwardJob::local_of; `local_experts` (-1: any) must be the packed count.

@@ -152,6 +152,8 @@ void reference_forward(const TensorView& x, const TensorView& topk_ids,
   const detail::ForwardShape s =
       detail::check_forward_logical(x, topk_ids, topk_weights, E, H, I, params, out);
   const bool interleaved = lw.gate_up_layout == GateUpLayout::interleaved;
+  detail::check_input_order(lw.w13_input_order, WeightRole::w13, E, H, "w13_input_order");
+  const auto* order = static_cast<const int32_t*>(lw.w13_input_order.data);
 
   std::vector<float> a(static_cast<size_t>(H)), m(static_cast<size_t>(I));
   std::vector<double> acc(static_cast<size_t>(H));
@@ -160,8 +162,9 @@ void reference_forward(const TensorView& x, const TensorView& topk_ids,
     for (int64_t k = 0; k < s.top_k; ++k) {
       const int64_t e = detail::load_index(topk_ids.data, topk_ids.dtype, t * s.top_k + k);
       const float r = load_float(topk_weights.data, topk_weights.dtype, t * s.top_k + k);
-      for (int64_t h = 0; h < H; ++h) {
-        const float v = load_float(x.data, x.dtype, t * x.stride() + h);
+      for (int64_t h = 0; h < H; ++h) {  // column h of w13 multiplies input order[e, h]
+        const int64_t input = order != nullptr ? order[e * H + h] : h;
+        const float v = load_float(x.data, x.dtype, t * x.stride() + input);
         a[static_cast<size_t>(h)] = params.apply_router_weight_on_input ? v * r : v;
       }
       const Quantized qa = quant_row(a);

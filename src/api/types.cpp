@@ -136,7 +136,8 @@ PackedInfo inspect_packed(std::span<const uint8_t> packed, std::string_view argu
           g.scale_dtype,
           g.has_bias,
           g.expert_bytes,
-          g.total_bytes};
+          g.total_bytes,
+          g.has_input_order};
 }
 
 }  // namespace w4a8moe

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "common/format.hpp"
 #include "common/numeric.hpp"
@@ -180,6 +181,37 @@ void check_params(const MoeParams& p) {
   if (!is_valid_activation_code(code)) activation_from_code(code);  // throws the standard message
   if (!std::isfinite(p.alpha)) throw Error(cat("alpha: expected a finite value, got ", p.alpha));
   if (!(p.limit > 0.0f)) throw Error(cat("limit: expected a positive value, got ", p.limit));
+}
+
+void check_input_order(const TensorView& order, WeightRole role, int64_t experts, int64_t cols,
+                       std::string_view name) {
+  if (order.empty()) return;
+  if (role != WeightRole::w13)
+    throw Error(cat(name,
+                    ": expected none for w2 (an input order is w13's: w2's inputs "
+                    "are w13's rows, whose order the caller chooses)"));
+  if (order.dtype != DType::i32 || order.rank != 2 || order.shape[0] != experts ||
+      order.shape[1] != cols || order.stride() != cols)
+    throw Error(cat(name, ": expected contiguous int32 [", experts, ", ", cols,
+                    "] (the experts and inputs of w13), got ", dtype_name(order.dtype), " ",
+                    shape_of(order),
+                    order.rank == 2 && order.stride() != order.shape[1]
+                        ? cat(" with row stride ", order.stride())
+                        : std::string()));
+  const auto* v = static_cast<const int32_t*>(order.data);
+  std::vector<uint8_t> seen(static_cast<size_t>(cols));
+  for (int64_t e = 0; e < experts; ++e) {
+    std::fill(seen.begin(), seen.end(), uint8_t{0});
+    for (int64_t c = 0; c < cols; ++c) {
+      const int32_t i = v[e * cols + c];
+      if (i < 0 || i >= cols)
+        throw Error(
+            cat(name, ": expected inputs in [0, ", cols, "), got ", i, " at [", e, ", ", c, "]"));
+      if (seen[static_cast<size_t>(i)]++ != 0)
+        throw Error(cat(name, ": expected each row a permutation of [0, ", cols, "), got input ", i,
+                        " twice in row ", e));
+    }
+  }
 }
 
 }  // namespace w4a8moe::detail

@@ -45,6 +45,11 @@ constexpr bool is_known_weight_format(uint32_t code) noexcept { return code <= 2
 // (the exponents' values are checked by the packer). bias empty or [E, N]. int4_zero_point:
 // zero_point i8 shaped like the scale (its values are checked by the packer); for the other formats
 // zero_point must be empty.
+// An input order (PackOptions::input_order, LogicalWeights::w13_input_order): empty, or w13's
+// contiguous int32 [experts, cols] with each row a permutation of [0, cols); Error naming `name`.
+void check_input_order(const TensorView& order, WeightRole role, int64_t experts, int64_t cols,
+                       std::string_view name);
+
 WeightInput check_weight_input(const TensorView& w, const TensorView& scale,
                                const TensorView& zero_point, const TensorView& bias, int group_size,
                                std::string_view w_name, std::string_view scale_name,

@@ -27,20 +27,29 @@ void ExpertPacker::append(const TensorView& w, const TensorView& scale, const Te
 
 void ExpertPacker::append(const TensorView& w, const TensorView& scale,
                           const TensorView& zero_point, const TensorView& bias) {
+  append(w, scale, zero_point, bias, options_.input_order);
+}
+
+void ExpertPacker::append(const TensorView& w, const TensorView& scale,
+                          const TensorView& zero_point, const TensorView& bias,
+                          const TensorView& input_order) {
   const char* name = role_ == WeightRole::w13 ? "w13" : "w2";
   if (w.rank >= 1 && w.shape[0] > experts_ - appended_)
     throw Error(cat(name, ": expected at most ", experts_ - appended_, " more experts (of ",
                     experts_, "), got a chunk of ", w.shape[0]));
+  PackOptions options = options_;
+  options.input_order = input_order;
   const PackedWeights chunk = role_ == WeightRole::w13
-                                  ? pack_w13(w, scale, zero_point, bias, options_)
-                                  : pack_w2(w, scale, zero_point, bias, options_);
+                                  ? pack_w13(w, scale, zero_point, bias, options)
+                                  : pack_w2(w, scale, zero_point, bias, options);
   const PackedInfo info = chunk.info();
   if (appended_ == 0) {
     first_ = info;
     // the whole tensor's geometry (its size, checked for overflow)
-    const detail::Geometry g = detail::make_geometry(
-        detail::read_geometry(chunk.bytes(), name).layout, role_, experts_, info.rows, info.cols,
-        info.group_size, info.scale_dtype, info.has_bias, info.weight_format, name);
+    const detail::Geometry g =
+        detail::make_geometry(detail::read_geometry(chunk.bytes(), name).layout, role_, experts_,
+                              info.rows, info.cols, info.group_size, info.scale_dtype,
+                              info.has_bias, info.weight_format, name, info.has_input_order);
     packed_ = PackedWeights::allocate(g.total_bytes);
     detail::PackedHeader h;
     std::memcpy(&h, chunk.bytes().data(), sizeof h);
@@ -50,13 +59,16 @@ void ExpertPacker::append(const TensorView& w, const TensorView& scale,
     std::memcpy(packed_.data(), &h, sizeof h);
   } else if (info.layout != first_.layout || info.rows != first_.rows || info.cols != first_.cols ||
              info.group_size != first_.group_size || info.scale_dtype != first_.scale_dtype ||
-             info.has_bias != first_.has_bias || info.expert_bytes != first_.expert_bytes) {
-    throw Error(cat(name, ": expected chunks like the first (", first_.rows, " x ", first_.cols,
-                    ", group ", first_.group_size, ", scales ", dtype_name(first_.scale_dtype),
-                    first_.has_bias ? ", bias" : ", no bias", ", layout ", first_.layout, "), got ",
-                    info.rows, " x ", info.cols, ", group ", info.group_size, ", scales ",
-                    dtype_name(info.scale_dtype), info.has_bias ? ", bias" : ", no bias",
-                    ", layout ", info.layout, " at expert ", appended_));
+             info.has_bias != first_.has_bias || info.expert_bytes != first_.expert_bytes ||
+             info.has_input_order != first_.has_input_order) {
+    throw Error(
+        cat(name, ": expected chunks like the first (", first_.rows, " x ", first_.cols, ", group ",
+            first_.group_size, ", scales ", dtype_name(first_.scale_dtype),
+            first_.has_bias ? ", bias" : ", no bias", first_.has_input_order ? ", input order" : "",
+            ", layout ", first_.layout, "), got ", info.rows, " x ", info.cols, ", group ",
+            info.group_size, ", scales ", dtype_name(info.scale_dtype),
+            info.has_bias ? ", bias" : ", no bias", info.has_input_order ? ", input order" : "",
+            ", layout ", info.layout, " at expert ", appended_));
   }
   const size_t block_bytes = static_cast<size_t>(info.experts) * info.expert_bytes;
   std::memcpy(

@@ -22,6 +22,7 @@ struct PackJob {
   const TensorView* scale;
   const TensorView* zero_point;  // int4_zero_point only
   const TensorView* bias;
+  const TensorView* input_order;  // w13, when given
   WeightInput in;
   Geometry g;
   bool interleaved;
@@ -210,6 +211,10 @@ void pack_expert(const PackJob& job, int64_t e, uint8_t* block) {
         std::memcpy(g.row_bias(block, pr), &b, 4);
       }
     }
+  if (g.has_input_order)
+    std::memcpy(g.input_order(block),
+                static_cast<const int32_t*>(job.input_order->data) + e * g.cols,
+                static_cast<size_t>(g.cols) * 4);
 }
 
 PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale,
@@ -217,11 +222,13 @@ PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale
                    const PackOptions& options) {
   const bool is_w13 = role == WeightRole::w13;
   const std::string_view w_name = is_w13 ? "w13" : "w2";
-  PackJob job{&w, &scale, &zero_point, &bias, {}, {}, false, w_name};
+  PackJob job{&w, &scale, &zero_point, &bias, &options.input_order, {}, {}, false, w_name};
   job.in = check_weight_input(w, scale, zero_point, bias, options.group_size, w_name,
                               is_w13 ? "w13_scale" : "w2_scale",
                               is_w13 ? "w13_zero_point" : "w2_zero_point",
                               is_w13 ? "w13_bias" : "w2_bias", options.weight_format);
+  check_input_order(options.input_order, role, job.in.experts, job.in.cols,
+                    "PackOptions::input_order");
   const bool mxfp4 = options.weight_format == WeightFormat::mxfp4;
   if (options.gate_up_layout != GateUpLayout::halves &&
       options.gate_up_layout != GateUpLayout::interleaved)
@@ -239,7 +246,7 @@ PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale
                              : set_by_name(options.kernel_set, "PackOptions::kernel_set");
   job.g = make_geometry(set.layout, role, selected_experts(options, job.in.experts), job.in.rows,
                         job.in.cols, options.group_size, scale_dtype, !bias.empty(),
-                        options.weight_format, w_name);
+                        options.weight_format, w_name, !options.input_order.empty());
 
   if (job.g.total_bytes > options.memory_limit)  // refuse before allocating
     throw Error(cat(w_name, ": the packed buffer needs ", job.g.total_bytes,
@@ -257,7 +264,7 @@ PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale
   h.cols = static_cast<uint32_t>(job.g.cols);
   h.group_size = job.g.group_size;
   h.scale_dtype = static_cast<uint32_t>(scale_dtype);
-  h.flags = job.g.has_bias ? kFlagBias : 0u;
+  h.flags = (job.g.has_bias ? kFlagBias : 0u) | (job.g.has_input_order ? kFlagInputOrder : 0u);
   h.expert_bytes = job.g.expert_bytes;
   h.total_bytes = job.g.total_bytes;
   h.weight_format = static_cast<uint32_t>(options.weight_format);
@@ -290,7 +297,8 @@ size_t packed_size(WeightRole role, int64_t experts, int64_t rows, int64_t cols,
                                      : detail::set_by_name(options.kernel_set, "kernel_set");
   experts = detail::selected_experts(options, experts);  // with the packer's checks
   return detail::make_geometry(set.layout, role, experts, rows, cols, options.group_size, stored,
-                               has_bias, options.weight_format, argument)
+                               has_bias, options.weight_format, argument,
+                               !options.input_order.empty())
       .total_bytes;
 }
 

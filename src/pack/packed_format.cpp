@@ -40,7 +40,8 @@ static size_t align_up(size_t v) { return checked_add(v, kAlign - 1) / kAlign * 
 
 Geometry make_geometry(LayoutId layout, WeightRole role, int64_t experts, int64_t rows,
                        int64_t cols, int group_size, DType scale_dtype, bool has_bias,
-                       WeightFormat weight_format, std::string_view argument) {
+                       WeightFormat weight_format, std::string_view argument,
+                       bool has_input_order) {
   const int64_t u32max = std::numeric_limits<uint32_t>::max();
   if (experts < 1 || experts > u32max || rows < 1 || rows > u32max || cols < 1 || cols > u32max)
     throw Error(cat(argument, ": expected experts, rows and columns in [1, 2^32), got ", experts,
@@ -55,6 +56,8 @@ Geometry make_geometry(LayoutId layout, WeightRole role, int64_t experts, int64_
   if (!is_float_dtype(scale_dtype))
     throw Error(
         cat(argument, ": expected scale dtype f32, bf16 or f16, got ", dtype_name(scale_dtype)));
+  if (has_input_order && role != WeightRole::w13)
+    throw Error(cat(argument, ": an input order is w13's only (w2's inputs are w13's rows)"));
   if (role == WeightRole::w13 && !is_valid_w13_rows(rows))
     throw Error(cat(argument, ": expected an even number of rows (gate and up, 2I), got ", rows));
   const LayoutInfo& info = layout_info(static_cast<uint32_t>(layout), argument);
@@ -94,6 +97,11 @@ Geometry make_geometry(LayoutId layout, WeightRole role, int64_t experts, int64_
   g.panel_bytes =
       align_up(has_bias ? checked_add(g.panel_bias_offset, P * 4) : g.panel_bias_offset);
   g.expert_bytes = checked_mul(static_cast<size_t>(g.panels), g.panel_bytes);
+  g.has_input_order = has_input_order;
+  g.input_order_offset = g.expert_bytes;
+  if (has_input_order)
+    g.expert_bytes =
+        checked_add(g.expert_bytes, align_up(checked_mul(static_cast<size_t>(cols), 4)));
   g.total_bytes =
       checked_add(kHeaderBytes, checked_mul(static_cast<size_t>(experts), g.expert_bytes));
   return g;
@@ -129,7 +137,10 @@ Geometry read_geometry(std::span<const uint8_t> packed, std::string_view argumen
   if (h.role > 1) throw Error(cat(argument, ": invalid weight role ", h.role, " in header"));
   if (h.scale_dtype > static_cast<uint32_t>(DType::f16))
     throw Error(cat(argument, ": invalid scale dtype code ", h.scale_dtype, " in header"));
-  if ((h.flags & ~kFlagBias) != 0) throw Error(cat(argument, ": unknown header flags ", h.flags));
+  if ((h.flags & ~(kFlagBias | kFlagInputOrder)) != 0)
+    throw Error(cat(argument, ": unknown header flags ", h.flags));
+  if ((h.flags & kFlagInputOrder) != 0 && h.role != static_cast<uint32_t>(WeightRole::w13))
+    throw Error(cat(argument, ": a w2 buffer with an input order flag (w13's only) in header"));
   const auto format = static_cast<WeightFormat>(h.weight_format);
   if (!is_known_weight_format(h.weight_format))
     throw Error(cat(argument,
@@ -147,7 +158,7 @@ Geometry read_geometry(std::span<const uint8_t> packed, std::string_view argumen
   Geometry g =
       make_geometry(static_cast<LayoutId>(h.layout), static_cast<WeightRole>(h.role), h.experts,
                     h.rows, h.cols, h.group_size, static_cast<DType>(h.scale_dtype),
-                    (h.flags & kFlagBias) != 0, format, argument);
+                    (h.flags & kFlagBias) != 0, format, argument, (h.flags & kFlagInputOrder) != 0);
   if (g.expert_bytes != h.expert_bytes || g.total_bytes != h.total_bytes ||
       g.panel_bytes != h.panel_bytes)
     throw Error(cat(argument, ": the header's sizes do not match its dimensions"));

@@ -22,6 +22,7 @@
 //               channelwise: int32  SUM_k w[n,k]
 //               groupwise:   f32    SUM_b s[n,b] * SUM_{k in b} w[n,k]   (summed in double)
 // bias:       f32 per lane, present when the header's bias flag is set
+// input order (w13, kFlagInputOrder): after the records, int32 [K] per expert (64-byte aligned)
 //
 // Geometry is computed by make_geometry() from the header fields alone; the reader recomputes it
 // and compares, so a header can never point outside its buffer.
@@ -108,6 +109,8 @@ struct PackedHeader {
 static_assert(sizeof(PackedHeader) == kHeaderBytes);
 
 inline constexpr uint32_t kFlagBias = 1u;
+// w13 only: each expert block ends with its input order (Geometry::input_order).
+inline constexpr uint32_t kFlagInputOrder = 2u;
 
 // Everything a kernel needs to find its way in one expert block.
 struct Geometry {
@@ -132,6 +135,11 @@ struct Geometry {
   // nibbles), with scales 2^(e - 128).
   WeightFormat weight_format = WeightFormat::int4_symmetric;
   bool has_bias = false;
+  // w13 with an input order: after the panel records, int32 [cols] per expert, the input that
+  // packed column c multiplies (a permutation of [0, cols): act-order checkpoints, whose scale
+  // groups are contiguous only in that order); forward() gathers each row of x by it.
+  bool has_input_order = false;
+  size_t input_order_offset = 0;  // in the expert block
   int64_t row_weight_bytes = 0;
   int64_t block_rows = kBlockRows;  // rows of each part per block of the stored order
   int64_t panels = 0;               // rows_padded / P: records per expert
@@ -182,15 +190,21 @@ struct Geometry {
            static_cast<size_t>(n % panel) * 4;
   }
   template <class Byte>
+  Byte* input_order(Byte* expert) const noexcept {
+    return expert + input_order_offset;
+  }
+  template <class Byte>
   Byte* row_bias(Byte* expert, int64_t n) const noexcept {
     return panel_at(expert, n / panel) + panel_bias_offset + static_cast<size_t>(n % panel) * 4;
   }
 };
 
-// Throws Error (naming `argument`) when the sizes overflow or the group size does not fit.
+// Throws Error (naming `argument`) when the sizes overflow or the group size does not fit, or
+// for an input order of w2.
 Geometry make_geometry(LayoutId layout, WeightRole role, int64_t experts, int64_t rows,
                        int64_t cols, int group_size, DType scale_dtype, bool has_bias,
-                       WeightFormat weight_format, std::string_view argument);
+                       WeightFormat weight_format, std::string_view argument,
+                       bool has_input_order = false);
 
 uint64_t header_checksum(const PackedHeader& header) noexcept;
 

@@ -175,7 +175,28 @@ void check_problem(const Problem& p) {
   for (const int8_t w : p.w2)
     if (w < lo || w > hi) fail("w2 value out of its format's range");
   if (p.activation < 0 || p.activation > 4) fail("unknown activation code");
+  if (!p.w13_input_order.empty()) {
+    if (p.w13_input_order.size() != E * H) fail("w13_input_order must be [E, H]");
+    for (size_t e = 0; e < E; ++e) {
+      std::vector<bool> seen(H, false);
+      for (size_t c = 0; c < H; ++c) {
+        const int32_t i = p.w13_input_order[e * H + c];
+        if (i < 0 || static_cast<size_t>(i) >= H || seen[static_cast<size_t>(i)])
+          fail("w13_input_order rows must be permutations of [0, H)");
+        seen[static_cast<size_t>(i)] = true;
+      }
+    }
+  }
 }
+
+namespace {
+
+// The input that column c of expert e's w13 multiplies.
+int64_t w13_input(const Problem& p, int64_t e, int64_t c) {
+  return p.w13_input_order.empty() ? c : p.w13_input_order[static_cast<size_t>(e * p.hidden + c)];
+}
+
+}  // namespace
 
 namespace {
 
@@ -306,8 +327,10 @@ ExactResult exact_forward(const Problem& p, const ExactOptions& options) {
     for (int64_t k = 0; k < K && res.token_finite[t]; ++k) {
       const int64_t e = p.ids[t * K + k];
       const float r = p.topk_weights[t * K + k];
-      for (int64_t j = 0; j < H; ++j)
-        a[j] = p.apply_router_weight_on_input ? p.x[t * H + j] * r : p.x[t * H + j];
+      for (int64_t j = 0; j < H; ++j) {
+        const float v = p.x[t * H + w13_input(p, e, j)];
+        a[j] = p.apply_router_weight_on_input ? v * r : v;
+      }
       const QuantRow qa = quant_row(a);
       if (!qa.finite) {
         res.token_finite[t] = 0;
@@ -390,7 +413,8 @@ std::vector<double> float_forward(const Problem& p) {
       const int64_t e = p.ids[t * K + k];
       const auto r = static_cast<double>(p.topk_weights[t * K + k]);
       for (int64_t j = 0; j < H; ++j)
-        a[j] = static_cast<double>(p.x[t * H + j]) * (p.apply_router_weight_on_input ? r : 1.0);
+        a[j] = static_cast<double>(p.x[t * H + w13_input(p, e, j)]) *
+               (p.apply_router_weight_on_input ? r : 1.0);
       for (int64_t n = 0; n < 2 * I; ++n) {
         const int64_t row = e * 2 * I + w13_row(p, n);
         h[n] =

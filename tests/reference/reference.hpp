@@ -67,6 +67,9 @@ struct Problem {
   std::vector<int8_t> w2{};        // [E, H, I]
   std::vector<float> w2_scale{};   // [E, H, I/g] or [E, H]
   std::vector<float> w2_bias{};    // empty or [E, H]
+  // Empty, or [E, H]: column c of expert e's w13 rows multiplies x[t, w13_input_order[e, c]]
+  // (each row a permutation of [0, H)).
+  std::vector<int32_t> w13_input_order{};
 
   int activation = static_cast<int>(Act::silu);
   float alpha = 1.702f;
