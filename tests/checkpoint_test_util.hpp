@@ -74,6 +74,7 @@ struct Loaded {
   // int4 with zero points: the zero points as loaded, and w13 / w2 above hold value - z (the
   // reference's form, moe_ref::Problem::zero_point_values)
   std::vector<int8_t> w13_z, w2_z;
+  std::vector<int32_t> w13_order;  // act-order: [E, H] as loaded (w13 columns' inputs)
 };
 
 inline Loaded load_all(const w4a8moe::io::LayerSource& source) {
@@ -128,6 +129,9 @@ inline Loaded load_all(const w4a8moe::io::LayerSource& source) {
   };
   less_zero_points(chunk.w13_zero_point(E), out.w13, out.w13_z);
   less_zero_points(chunk.w2_zero_point(E), out.w2, out.w2_z);
+  if (const w4a8moe::TensorView o = chunk.w13_input_order(E); !o.empty())
+    out.w13_order.assign(static_cast<const int32_t*>(o.data),
+                         static_cast<const int32_t*>(o.data) + o.numel());
   floats(chunk.w13_bias(E), int4, out.b13, nullptr);
   floats(chunk.w2_bias(E), int4, out.b2, nullptr);
   return out;
@@ -181,6 +185,7 @@ inline void check_forward(const w4a8moe::io::LayerSource& source,
       .w2 = std::move(w.w2),
       .w2_scale = std::move(w.w2_s),
       .w2_bias = std::move(w.b2),
+      .w13_input_order = std::move(w.w13_order),
       .activation = static_cast<int>(info.params.activation),
       .alpha = info.params.alpha,
       .limit = info.params.limit,

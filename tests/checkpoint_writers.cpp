@@ -612,10 +612,12 @@ std::vector<uint16_t> bf16_of(const std::vector<float>& v) {
 // pack() write them: GPTQ qweight [cols/8, rows] eight inputs a word (input 8i + j in bits 4j),
 // AWQ qweight [cols, rows/8] eight outputs a word in the order 0 2 4 6 1 3 5 7 (bits 4i hold
 // output 8w + order[i]); qzeros [groups, rows/8] packed like the outputs, GPTQ's "gptq" format
-// storing zero - 1; scales F16 [groups, rows]; GPTQ's g_idx [cols] = k / group size.
+// storing zero - 1; scales F16 [groups, rows]; GPTQ's g_idx [cols] as given (act-order), else
+// k / group size.
 void add_gptq_module(CtWriter& w, const std::string& p, bool awq, bool zeros_minus_one,
                      const std::vector<int8_t>& v, const std::vector<float>& sc,
-                     const std::vector<int8_t>& z, int64_t rows, int64_t cols, int64_t groups) {
+                     const std::vector<int8_t>& z, int64_t rows, int64_t cols, int64_t groups,
+                     const std::vector<int32_t>& g_idx_given) {
   constexpr int kAwqOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};
   const auto u = [](int8_t x) { return static_cast<uint32_t>(x + 8); };
   std::vector<uint32_t> qweight(static_cast<size_t>(rows * cols / 8), 0);
@@ -650,9 +652,9 @@ void add_gptq_module(CtWriter& w, const std::string& p, bool awq, bool zeros_min
   w.add(p + "qzeros", DType::i32, {groups, rows / 8}, qzeros);
   w.add(p + "scales", DType::f16, {groups, rows}, scales);
   if (!awq) {
-    std::vector<int32_t> g_idx(static_cast<size_t>(cols));
-    for (int64_t k = 0; k < cols; ++k)
-      g_idx[static_cast<size_t>(k)] = static_cast<int32_t>(k / (cols / groups));
+    std::vector<int32_t> g_idx = g_idx_given;
+    if (g_idx.empty())
+      for (int64_t k = 0; k < cols; ++k) g_idx.push_back(static_cast<int32_t>(k / (cols / groups)));
     w.add(p + "g_idx", DType::i32, {cols}, g_idx);
   }
 }
@@ -806,7 +808,7 @@ CtModel make_ct(const CtSpec& s) {
     cfg["quantization_config"] = {{"quant_method", "gptq"},
                                   {"bits", 4},
                                   {"group_size", s.strategy == "group" ? 32 : -1},
-                                  {"desc_act", false},
+                                  {"desc_act", s.act_order},
                                   {"sym", !s.asymmetric},
                                   {"static_groups", false},
                                   {"true_sequential", true},
@@ -878,6 +880,21 @@ CtModel make_ct(const CtSpec& s) {
             (*v)[i] = static_cast<int8_t>(i < 2 ? (i == 0 ? lowest : 7) : z(zrng));
       }
     }
+    if (s.act_order) {  // GPTQ's: a random order of the inputs, g consecutive ones per group
+      std::mt19937_64 orng(900 + static_cast<uint64_t>(l));
+      for (Moe* t : {&m, &sh})
+        for (auto [g_idx, cols] : {std::pair{&t->g13, t->H}, std::pair{&t->g2, t->I}}) {
+          g_idx->resize(static_cast<size_t>(t->E * cols));
+          std::vector<int32_t> perm(static_cast<size_t>(cols));
+          for (int64_t e = 0; e < t->E; ++e) {
+            std::iota(perm.begin(), perm.end(), 0);
+            std::shuffle(perm.begin(), perm.end(), orng);
+            for (int64_t i = 0; i < cols; ++i)
+              (*g_idx)[static_cast<size_t>(e * cols + perm[static_cast<size_t>(i)])] =
+                  static_cast<int32_t>(i / 32);
+          }
+        }
+    }
     const std::string block = (llama4 ? "language_model.model.layers." : "model.layers.") +
                               std::to_string(l) +
                               (s.mixtral_names ? ".block_sparse_moe."
@@ -922,8 +939,13 @@ CtModel make_ct(const CtSpec& s) {
         const std::vector<int8_t> z =
             t.w13_z.empty() ? std::vector<int8_t>(static_cast<size_t>(rows * groups), 0)
                             : zero_points_of(t, which, e);
+        std::vector<int32_t> g_idx;
+        if (s.act_order) {
+          const std::vector<int32_t>& all = which == 2 ? t.g2 : t.g13;
+          g_idx.assign(all.begin() + e * cols, all.begin() + (e + 1) * cols);
+        }
         add_gptq_module(c.writer, p, scheme == "awq", scheme == "gptq" && s.gptq_format == "gptq",
-                        v, sc, z, rows, cols, groups);
+                        v, sc, z, rows, cols, groups, g_idx);
         return;
       }
       if (scheme == "packed") {

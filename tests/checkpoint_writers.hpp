@@ -179,9 +179,12 @@ class CtWriter {
 // int4 values v [rows, cols] in [-8, 7], scales sc and zero points z (in [-8, 7]; symmetric: all
 // 0) [rows, groups], as AutoGPTQ's and AutoAWQ's pack() lay them out; zeros_minus_one: GPTQ's
 // "gptq" checkpoint format.
+// g_idx (GPTQ): input k's group, [cols]; empty: k / group size. The values v stay in the
+// inputs' order; input k's scale and zero point are those of group g_idx[k].
 void add_gptq_module(CtWriter& w, const std::string& prefix, bool awq, bool zeros_minus_one,
                      const std::vector<int8_t>& v, const std::vector<float>& sc,
-                     const std::vector<int8_t>& z, int64_t rows, int64_t cols, int64_t groups);
+                     const std::vector<int8_t>& z, int64_t rows, int64_t cols, int64_t groups,
+                     const std::vector<int32_t>& g_idx = {});
 
 // ---------------------------------------------------------------------------------------------
 // Models
@@ -199,6 +202,9 @@ struct Moe {
   // Asymmetric checkpoints: zero points in [-8, 7] shaped like w13_s / w2_s (element
   // (value - z) * scale); empty: symmetric.
   std::vector<int8_t> w13_z, w2_z;
+  // GPTQ act-order: each expert's g_idx, [E, H] (its gate and up share it) and [E, I] (down);
+  // empty: input k in group k / g.
+  std::vector<int32_t> g13, g2;
 };
 // Outputs of order one for x ~ N(0, 1): scales (1.5 to 3.5) / (8 sqrt(K)), bf16- and f16-exact.
 Moe make_moe(int64_t H, int64_t I, int64_t E, int64_t K, uint64_t seed);
@@ -268,6 +274,9 @@ struct CtSpec {
   // int-quantized: I8) whose values span [-8, 7].
   bool asymmetric = false;
   std::string gptq_format = "gptq";  // gptq's checkpoint_format: "gptq" (zeros less one), "gptq_v2"
+  // gptq with desc_act: every module's g_idx a random assignment of g inputs to each group (as
+  // GPTQ's act-order makes them), shared by an expert's gate and up (Moe::g13, g2)
+  bool act_order = false;
 };
 
 struct CtModel {

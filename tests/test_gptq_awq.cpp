@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -106,6 +107,87 @@ TEST(GptqAwq, ReadBackExactlyAndRun) {
   }
 }
 
+// The layer of truth `m` in float, its weights dequantized as GPTQ defines them, input k with
+// the scale and zero point of group g_idx[k] (k / 32 when `by_g_idx` is false or there is none),
+// on the routing of `run`: SUM_slots w * W2 (silu(W1 x) * W3 x).
+std::vector<double> dense_layer(const Moe& m, const LayerRun& run, bool by_g_idx) {
+  const int64_t H = m.H, I = m.I, K = m.K;
+  const auto T = static_cast<int64_t>(run.x.size()) / H;
+  const auto weight = [&](int which, int64_t e, int64_t n, int64_t k) {
+    const int64_t rows = which == 2 ? H : I, cols = which == 2 ? I : H, groups = cols / 32;
+    const std::vector<int32_t>& gi = which == 2 ? m.g2 : m.g13;
+    const int64_t b = by_g_idx && !gi.empty() ? gi[static_cast<size_t>(e * cols + k)] : k / 32;
+    const int64_t row = (which == 2 ? e * H : e * 2 * I + (which == 1 ? I : 0)) + n;
+    const std::vector<int8_t>& v = which == 2 ? m.w2 : m.w13;
+    const std::vector<float>& sc = which == 2 ? m.w2_s : m.w13_s;
+    const std::vector<int8_t>& z = which == 2 ? m.w2_z : m.w13_z;
+    (void)rows;
+    const double zero = z.empty() ? 0.0 : z[static_cast<size_t>(row * groups + b)];
+    return (v[static_cast<size_t>(row * cols + k)] - zero) *
+           static_cast<double>(sc[static_cast<size_t>(row * groups + b)]);
+  };
+  std::vector<double> out(static_cast<size_t>(T * H), 0.0), h(static_cast<size_t>(I));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t s = 0; s < K; ++s) {
+      const int64_t e = run.ids[static_cast<size_t>(t * K + s)];
+      for (int64_t j = 0; j < I; ++j) {
+        double gate = 0, up = 0;
+        for (int64_t k = 0; k < H; ++k) {
+          const double x = run.x[static_cast<size_t>(t * H + k)];
+          gate += weight(0, e, j, k) * x;
+          up += weight(1, e, j, k) * x;
+        }
+        h[static_cast<size_t>(j)] = gate / (1.0 + std::exp(-gate)) * up;
+      }
+      for (int64_t n = 0; n < H; ++n) {
+        double y = 0;
+        for (int64_t j = 0; j < I; ++j) y += weight(2, e, n, j) * h[static_cast<size_t>(j)];
+        out[static_cast<size_t>(t * H + n)] +=
+            static_cast<double>(run.weights[static_cast<size_t>(t * K + s)]) * y;
+      }
+    }
+  return out;
+}
+
+double relative_rms(const std::vector<float>& got, const std::vector<double>& want) {
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double d = static_cast<double>(got[i]) - want[i];
+    err += d * d;
+    ref += want[i] * want[i];
+  }
+  return std::sqrt(err / ref);
+}
+
+TEST(GptqAwq, ActOrderRunsAsTheFileSays) {
+  // desc_act: each module's g_idx scatters its groups over the inputs. The gate and up columns
+  // are sorted by group with the order that gathers their inputs, down's order moves the gate and
+  // up rows; the layer then runs as the file's weights dequantized by g_idx, and not as the
+  // same weights read as if g_idx were k / g.
+  for (const bool asymmetric : {true, false}) {
+    SCOPED_TRACE(asymmetric ? "asymmetric" : "sym");
+    TempDir dir;
+    const CtModel m = make_ct(CtSpec{.scheme = "gptq",
+                                     .H = 128,
+                                     .I = 96,
+                                     .layers = 1,
+                                     .asymmetric = asymmetric,
+                                     .act_order = true});
+    m.writer.write(dir / "ckpt");
+    io::LoadOptions exact;
+    exact.require_exact = true;
+    const auto source = io::open_layer(dir / "ckpt", 0, exact);
+    EXPECT_TRUE(source->info().w13_input_order);
+    ASSERT_FALSE(source->info().notes.empty());
+    EXPECT_THAT(source->info().notes.back(), HasSubstr("act-order"));
+    const LayerRun run = check_layer(dir / "ckpt", 0, RouteSpec{"softmax", true});
+    const double err = relative_rms(run.out, dense_layer(m.layers[0], run, true));
+    EXPECT_LT(err, 3e-2) << "against the file's weights in float";
+    EXPECT_GT(relative_rms(run.out, dense_layer(m.layers[0], run, false)), 0.3)
+        << "the comparison must see g_idx";
+  }
+}
+
 // The message of opening and packing `c`'s layer 0 after `edit`, which must name the folder.
 std::string error(CtModel c, const std::function<void(CtModel&)>& edit = {}) {
   if (edit) edit(c);
@@ -127,14 +209,37 @@ TEST(GptqAwq, MalformedFoldersAreRefused) {
   const std::string p = "model.layers.0.mlp.experts.3.down_proj.";
   EXPECT_EQ(error(model("gptq", false)), "(no error)");
   EXPECT_EQ(error(model("awq", true)), "(no error)");
-  // act-order: a g_idx that is not k / group size
-  EXPECT_THAT(error(model("gptq", true),
+  // act-order: a g_idx that is not k / group size, without desc_act or with unequal groups
+  const auto g_idx = [&](const std::string& name, int mod) {
+    return [name, mod](CtModel& c) {
+      std::vector<int32_t> g(64);
+      for (int k = 0; k < 64; ++k) g[static_cast<size_t>(k)] = k % mod;
+      c.writer.add(name, DType::i32, {64}, g);
+    };
+  };
+  const std::string gate = "model.layers.0.mlp.experts.3.gate_proj.";
+  CtModel desc_act = make_ct(CtSpec{
+      .scheme = "gptq", .H = 64, .E = 4, .layers = 1, .asymmetric = true, .act_order = true});
+  EXPECT_EQ(error(desc_act), "(no error)");
+  EXPECT_THAT(error(model("gptq", true), g_idx(gate + "g_idx", 2)),
+              HasSubstr("tensor '" + gate +
+                        "g_idx' permutes the inputs (act-order) but "
+                        "config.json quantization_config says desc_act: false"));
+  EXPECT_THAT(error(desc_act, g_idx(gate + "g_idx", 2)),
+              HasSubstr("model.layers.0.mlp.experts.3.gate_proj.g_idx' and "
+                        "'model.layers.0.mlp.experts.3.up_proj.g_idx' order the inputs "
+                        "differently"));
+  EXPECT_THAT(error(desc_act,
                     [&](CtModel& c) {
-                      std::vector<int32_t> g(64);
-                      for (int k = 0; k < 64; ++k) g[static_cast<size_t>(k)] = k % 2;
+                      std::vector<int32_t> g(64, 0);
+                      g[5] = 1;
                       c.writer.add(p + "g_idx", DType::i32, {64}, g);
                     }),
-              HasSubstr("tensor '" + p + "g_idx' puts input 1 in group 1, not 0: act-order"));
+              HasSubstr("tensor '" + p +
+                        "g_idx' puts 63 inputs in group 0, expected the group "
+                        "size 32"));
+  EXPECT_THAT(error(desc_act, g_idx(p + "g_idx", 3)),
+              HasSubstr("tensor '" + p + "g_idx' puts input 2 in group 2, outside [0, 2)"));
   // sym: every zero 8 (stored 7 in "gptq")
   EXPECT_THAT(
       error(

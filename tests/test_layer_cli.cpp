@@ -241,13 +241,17 @@ TEST_F(LayerCli, ZeroPointFoldersAreTakenExactly) {
        "GPTQ int4 g32, F16 scales, zero points",
        "int4 with zero points"},
       {{.scheme = "gptq", .layers = 1}, "GPTQ int4 g32, F16 scales", "int4"},
+      {{.scheme = "gptq", .layers = 1, .asymmetric = true, .act_order = true},
+       "GPTQ int4 g32, F16 scales, zero points",
+       "int4 with zero points"},
       {{.scheme = "awq", .strategy = "channel", .layers = 1, .asymmetric = true},
        "AWQ int4 channelwise, F16 scales, zero points",
        "int4 with zero points"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.source);
-    const std::string folder = dir_ / (c.spec.scheme + std::to_string(c.spec.asymmetric));
+    const std::string folder = dir_ / (c.spec.scheme + std::to_string(c.spec.asymmetric) +
+                                       std::to_string(c.spec.act_order));
     make_ct(c.spec).writer.write(folder);
     const Result r = run({"--model", folder, "--layer", "0", "--tokens", "7", "--threads", "2",
                           "--repeat", "1", "--exact", "--compare"});
@@ -255,6 +259,9 @@ TEST_F(LayerCli, ZeroPointFoldersAreTakenExactly) {
     EXPECT_THAT(r.out, HasSubstr(std::string("weights: model.layers.0.mlp.experts.*.down_proj: ") +
                                  c.source + " -> " + c.format + " exactly"));
     EXPECT_THAT(r.out, HasSubstr("compare: relative RMS error "));
+    if (c.spec.act_order) {
+      EXPECT_THAT(r.out, HasSubstr("act-order (desc_act)"));
+    }
   }
 }
 

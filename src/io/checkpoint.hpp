@@ -75,6 +75,9 @@ struct LayerInfo {
   // e8m0 exponents as u8 scales, group 32), as pack_w13 / pack_w2 take them.
   WeightFormat w13_format = WeightFormat::int4_symmetric, w2_format = WeightFormat::int4_symmetric;
   DType w13_scale_dtype = DType::f32, w2_scale_dtype = DType::f32;
+  // Act-order checkpoints (GPTQ desc_act): each expert's w13 comes with its input order
+  // (ExpertSlot::w13_input_order, PackOptions::input_order), its columns sorted by group.
+  bool w13_input_order = false;
   bool expert_bias = false;  // gpt-oss: biases of the gate/up and down projections
   // Routed sources: the layer also has a shared expert (LoadOptions::shared_expert opens it).
   bool has_shared_expert = false;
@@ -103,6 +106,8 @@ struct ExpertSlot {
   // int4_zero_point formats only: int8 in [-8, 7], one per scale
   int8_t* w13_zero_point = nullptr;  // [2I, H/g] (or [2I])
   int8_t* w2_zero_point = nullptr;   // [H, I/g] (or [H])
+  // LayerInfo::w13_input_order only: [H], the input that column c of w13's rows multiplies
+  int32_t* w13_input_order = nullptr;
 };
 
 class LayerSource {
@@ -152,6 +157,7 @@ void route_tokens(const LayerSource& source, const Router& router, const TensorV
 struct SlotSizes {
   size_t w13 = 0, w13_scale = 0, w13_bias = 0, w2 = 0, w2_scale = 0, w2_bias = 0;  // bytes
   size_t w13_zero_point = 0, w2_zero_point = 0;  // bytes (int4_zero_point formats)
+  size_t w13_input_order = 0;                    // bytes (LayerInfo::w13_input_order)
 };
 SlotSizes slot_sizes(const LayerInfo& info);
 
@@ -170,6 +176,7 @@ class ExpertChunk {
   // Empty unless the role's format is int4_zero_point.
   TensorView w13_zero_point(int64_t n) const;
   TensorView w2_zero_point(int64_t n) const;
+  TensorView w13_input_order(int64_t n) const;  // empty unless LayerInfo::w13_input_order
 
  private:
   LayerInfo info_;
@@ -178,6 +185,7 @@ class ExpertChunk {
   std::vector<uint8_t> w13_, w13_scale_, w2_, w2_scale_;
   std::vector<float> w13_bias_, w2_bias_;
   std::vector<int8_t> w13_zero_point_, w2_zero_point_;
+  std::vector<int32_t> w13_input_order_;
 };
 
 struct PackedLayer {

@@ -27,6 +27,7 @@ SlotSizes slot_sizes(const LayerInfo& info) {
   s.w2_scale = H * g2 * dtype_bytes(info.w2_scale_dtype);
   if (info.w13_format == WeightFormat::int4_zero_point) s.w13_zero_point = 2 * I * g13;
   if (info.w2_format == WeightFormat::int4_zero_point) s.w2_zero_point = H * g2;
+  if (info.w13_input_order) s.w13_input_order = H * sizeof(int32_t);
   if (info.expert_bias) {
     s.w13_bias = 2 * I * sizeof(float);
     s.w2_bias = H * sizeof(float);
@@ -45,6 +46,7 @@ ExpertChunk::ExpertChunk(const LayerInfo& info, int64_t count)
   w2_bias_.resize(n * sizes_.w2_bias / sizeof(float));
   w13_zero_point_.resize(n * sizes_.w13_zero_point);
   w2_zero_point_.resize(n * sizes_.w2_zero_point);
+  w13_input_order_.resize(n * sizes_.w13_input_order / sizeof(int32_t));
 }
 
 ExpertSlot ExpertChunk::slot(int64_t i) {
@@ -62,6 +64,8 @@ ExpertSlot ExpertChunk::slot(int64_t i) {
   if (sizes_.w13_zero_point > 0)
     s.w13_zero_point = w13_zero_point_.data() + k * sizes_.w13_zero_point;
   if (sizes_.w2_zero_point > 0) s.w2_zero_point = w2_zero_point_.data() + k * sizes_.w2_zero_point;
+  if (sizes_.w13_input_order > 0)
+    s.w13_input_order = w13_input_order_.data() + k * (sizes_.w13_input_order / sizeof(int32_t));
   return s;
 }
 
@@ -113,6 +117,12 @@ TensorView ExpertChunk::w2_zero_point(int64_t n) const {
     return TensorView::of(w2_zero_point_.data(), DType::i8, {n, info_.hidden});
   return TensorView::of(w2_zero_point_.data(), DType::i8,
                         {n, info_.hidden, info_.inter / info_.group_size});
+}
+
+TensorView ExpertChunk::w13_input_order(int64_t n) const {
+  check_slots("count", n, count_ + 1);
+  if (sizes_.w13_input_order == 0) return {};
+  return TensorView::of(w13_input_order_.data(), DType::i32, {n, info_.hidden});
 }
 
 }  // namespace w4a8moe::io

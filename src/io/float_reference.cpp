@@ -103,9 +103,11 @@ std::vector<double> float_reference(const LayerSource& source, const std::vector
         const double r = info.params.apply_router_weight_on_input
                              ? static_cast<double>(weights[static_cast<size_t>(i)])
                              : 1.0;
-        for (int64_t k = 0; k < H; ++k)
+        for (int64_t k = 0; k < H; ++k) {  // column k of w13 multiplies input order[k]
+          const int64_t input = slot.w13_input_order != nullptr ? slot.w13_input_order[k] : k;
           in[static_cast<size_t>(s * H + k)] =
-              static_cast<double>(x[static_cast<size_t>(t * H + k)]) * r;
+              static_cast<double>(x[static_cast<size_t>(t * H + input)]) * r;
+        }
       }
       const std::vector<double> h = project(
           slot.w13, slot.w13_scale, slot.w13_zero_point, info.w13_scale_dtype, info.group_size,

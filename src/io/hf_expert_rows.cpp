@@ -30,7 +30,7 @@ void HfLayer::load_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales,
     load_dense_rows(which, e, nibbles, scales, scale_dtype);
     return;
   }
-  if (is_gptq()) {
+  if (is_gptq()) {  // act-order is the caller's (load_expert)
     load_gptq_rows(which, e, nibbles, scales, scale_dtype, zero_points);
     return;
   }
@@ -153,9 +153,12 @@ void HfLayer::load_zero_points(int which, int64_t e, int8_t* out) const {
 }
 
 // GPTQ / AWQ (gptq_scheme.hpp): the [in, out] packing transposed to rows of nibbles q (w4a8moe's
-// w + 8 is GPTQ's unsigned q), the [groups, out] scales and zeros to [out, groups].
-void HfLayer::load_gptq_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales,
-                             DType scale_dtype, int8_t* zero_points) const {
+// w + 8 is GPTQ's unsigned q), the [groups, out] scales and zeros to [out, groups]. Act-order
+// (a g_idx other than k / g): the columns in group_order(), which is returned (else empty); the
+// scales and zeros, indexed by group, stay.
+std::vector<int32_t> HfLayer::load_gptq_rows(int which, int64_t e, uint8_t* nibbles,
+                                             uint8_t* scales, DType scale_dtype,
+                                             int8_t* zero_points) const {
   const ProjectionShape p = projection_shape(info_, which);
   const int64_t rows = p.rows, cols = p.cols, words = rows / 8;
   const int64_t groups = info_.group_size == -1 ? 1 : p.groups;
@@ -225,22 +228,66 @@ void HfLayer::load_gptq_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* sc
                  "] but config.json quantization_config says sym: true (every zero 8)"));
       }
     }
-  // act-order: a g_idx other than k / group_size permutes the groups over the inputs, which
-  // contiguous groups cannot hold
-  if (const std::string name = tensor_name(e, which, "g_idx"); has(name)) {
-    const TensorEntry& t = entry(name);
-    if ((t.dtype != DType::i32 && t.dtype != DType::i64) || t.shape != std::vector<int64_t>{cols})
-      fail(cat("tensor '", name, "' must be I32 ", shape_string(std::vector<int64_t>{cols}),
-               ", got ", safetensors_dtype_name(t.dtype), " ", shape_string(t.shape)));
-    const uint8_t* gi = bytes(name).data();
-    for (int64_t k = 0; k < cols; ++k)
-      if (const int64_t got = detail::load_index(gi, t.dtype, k); got != k / g)
-        fail(cat("tensor '", name, "' puts input ", k, " in group ", got, ", not ", k / g,
-                 ": act-order (desc_act) checkpoints whose g_idx permutes the inputs are not "
-                 "supported (w4a8moe's groups are contiguous inputs)"));
+  // act-order: the inputs sorted by group, the columns with them
+  std::vector<int32_t> order = group_order(which, e, cols, g, groups);
+  if (!order.empty()) {
+    if (which < 2 && !info_.w13_input_order)
+      fail(cat("tensor '", tensor_name(e, which, "g_idx"),
+               "' permutes the inputs (act-order) but config.json quantization_config says "
+               "desc_act: false"));
+    std::vector<uint8_t> row(static_cast<size_t>(cols / 2));
+    for (int64_t n = 0; n < rows; ++n) {
+      uint8_t* dst = nibbles + n * (cols / 2);
+      std::memcpy(row.data(), dst, row.size());
+      std::memset(dst, 0, row.size());
+      for (int64_t c = 0; c < cols; ++c) {
+        const int32_t k = order[static_cast<size_t>(c)];
+        const auto q =
+            static_cast<uint8_t>((row[static_cast<size_t>(k / 2)] >> (4 * (k % 2))) & 15);
+        dst[c / 2] |= static_cast<uint8_t>(q << (4 * (c % 2)));
+      }
+    }
   }
   if (const std::string name = tensor_name(e, which, "bias"); has(name))
     fail(cat("tensor '", name, "' exists: the experts' projections have no bias in w4a8moe"));
+  return order;
+}
+
+// GPTQ's g_idx [cols] (input k's group; k / g unless act-order), as the column order that makes
+// the groups contiguous: the inputs sorted by group, stably, each group g of them. Empty when
+// g_idx is absent or already k / g.
+std::vector<int32_t> HfLayer::group_order(int which, int64_t e, int64_t cols, int64_t g,
+                                          int64_t groups) const {
+  const std::string name = tensor_name(e, which, "g_idx");
+  if (!has(name)) return {};
+  const TensorEntry& t = entry(name);
+  if ((t.dtype != DType::i32 && t.dtype != DType::i64) || t.shape != std::vector<int64_t>{cols})
+    fail(cat("tensor '", name, "' must be I32 ", shape_string(std::vector<int64_t>{cols}), ", got ",
+             safetensors_dtype_name(t.dtype), " ", shape_string(t.shape)));
+  const uint8_t* gi = bytes(name).data();
+  std::vector<int64_t> count(static_cast<size_t>(groups), 0);
+  bool trivial = true;
+  for (int64_t k = 0; k < cols; ++k) {
+    const int64_t b = detail::load_index(gi, t.dtype, k);
+    if (b < 0 || b >= groups)
+      fail(cat("tensor '", name, "' puts input ", k, " in group ", b, ", outside [0, ", groups,
+               ")"));
+    ++count[static_cast<size_t>(b)];
+    trivial &= b == k / g;
+  }
+  if (trivial) return {};
+  std::vector<int64_t> next(static_cast<size_t>(groups));
+  for (int64_t b = 0; b < groups; ++b) {
+    if (count[static_cast<size_t>(b)] != g)
+      fail(cat("tensor '", name, "' puts ", count[static_cast<size_t>(b)], " inputs in group ", b,
+               ", expected the group size ", g));
+    next[static_cast<size_t>(b)] = b * g;
+  }
+  std::vector<int32_t> order(static_cast<size_t>(cols));
+  for (int64_t k = 0; k < cols; ++k)
+    order[static_cast<size_t>(next[static_cast<size_t>(detail::load_index(gi, t.dtype, k))]++)] =
+        static_cast<int32_t>(k);
+  return order;
 }
 
 void HfLayer::load_fused_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales,
@@ -341,9 +388,52 @@ void HfLayer::load_expert(int64_t e, const ExpertSlot& slot) const {
   }
   int8_t* const up_zero_points =
       slot.w13_zero_point != nullptr ? slot.w13_zero_point + I * g13 : nullptr;
+  if (is_gptq()) {
+    load_gptq_expert(e, slot, up, up_scales, up_zero_points);
+    return;
+  }
   load_rows(0, e, slot.w13, slot.w13_scale, info_.w13_scale_dtype, slot.w13_zero_point);
   load_rows(1, e, up, up_scales, info_.w13_scale_dtype, up_zero_points);
   load_rows(2, e, slot.w2, slot.w2_scale, info_.w2_scale_dtype, slot.w2_zero_point);
+}
+
+// A GPTQ / AWQ expert. Act-order: w13's input order is its gate's group order (up's must be the
+// same: one order serves both); down's group order sorts its inputs, the intermediate, so w13's
+// gate and up rows (scales, zero points) move with them and no order is needed at run time.
+void HfLayer::load_gptq_expert(int64_t e, const ExpertSlot& slot, uint8_t* up, uint8_t* up_scales,
+                               int8_t* up_zero_points) const {
+  const int64_t H = info_.hidden, I = info_.inter;
+  const std::vector<int32_t> gate_order =
+      load_gptq_rows(0, e, slot.w13, slot.w13_scale, info_.w13_scale_dtype, slot.w13_zero_point);
+  const std::vector<int32_t> up_order =
+      load_gptq_rows(1, e, up, up_scales, info_.w13_scale_dtype, up_zero_points);
+  if (gate_order != up_order)
+    fail(cat("tensors '", tensor_name(e, 0, "g_idx"), "' and '", tensor_name(e, 1, "g_idx"),
+             "' order the inputs differently: w13's gate and up share one input order"));
+  if (slot.w13_input_order != nullptr)
+    for (int64_t c = 0; c < H; ++c)
+      slot.w13_input_order[c] =
+          gate_order.empty() ? static_cast<int32_t>(c) : gate_order[static_cast<size_t>(c)];
+  const std::vector<int32_t> down_order =
+      load_gptq_rows(2, e, slot.w2, slot.w2_scale, info_.w2_scale_dtype, slot.w2_zero_point);
+  if (down_order.empty()) return;
+  // w13 row j of each part becomes row down_order[j]
+  const int64_t g13 = info_.group_size == -1 ? 1 : H / info_.group_size;
+  const size_t scale_bytes = g13 * dtype_bytes(info_.w13_scale_dtype);
+  const auto permute = [&](uint8_t* base, size_t row_bytes) {
+    std::vector<uint8_t> old(base, base + static_cast<size_t>(2 * I) * row_bytes);
+    for (int64_t part = 0; part < 2; ++part)
+      for (int64_t j = 0; j < I; ++j)
+        std::memcpy(
+            base + static_cast<size_t>(part * I + j) * row_bytes,
+            old.data() +
+                static_cast<size_t>(part * I + down_order[static_cast<size_t>(j)]) * row_bytes,
+            row_bytes);
+  };
+  permute(slot.w13, static_cast<size_t>(H / 2));
+  permute(slot.w13_scale, scale_bytes);
+  if (slot.w13_zero_point != nullptr)
+    permute(reinterpret_cast<uint8_t*>(slot.w13_zero_point), static_cast<size_t>(g13));
 }
 
 void HfLayer::release_expert(int64_t e) const {

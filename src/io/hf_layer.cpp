@@ -370,6 +370,13 @@ void HfLayer::check_gptq_modules() {
   }
   info_.group_size = g;
   if (zero_points) info_.w13_format = info_.w2_format = WeightFormat::int4_zero_point;
+  // act-order: w13's columns in each expert's group order, gathered by forward() (w2's order is
+  // taken into w13's rows when loading)
+  info_.w13_input_order = !gptq_.awq && gptq_.desc_act;
+  if (info_.w13_input_order)
+    info_.notes.push_back(
+        "act-order (desc_act): each expert's gate and up columns sorted by group, with the order "
+        "that gathers their inputs; down's order moves the gate and up rows");
   info_.w13_scale_dtype = scale_dtype[0] == scale_dtype[1] ? scale_dtype[0] : DType::f32;
   info_.w2_scale_dtype = scale_dtype[2];
 }

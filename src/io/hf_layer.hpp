@@ -95,8 +95,12 @@ class HfLayer final : public LayerSource {
   void load_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales, DType scale_dtype,
                  int8_t* zero_points) const;
   void load_zero_points(int which, int64_t e, int8_t* out) const;
-  void load_gptq_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales, DType scale_dtype,
-                      int8_t* zero_points) const;
+  std::vector<int32_t> load_gptq_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales,
+                                      DType scale_dtype, int8_t* zero_points) const;
+  std::vector<int32_t> group_order(int which, int64_t e, int64_t cols, int64_t g,
+                                   int64_t groups) const;
+  void load_gptq_expert(int64_t e, const ExpertSlot& slot, uint8_t* up, uint8_t* up_scales,
+                        int8_t* up_zero_points) const;
   void load_dense_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales,
                        DType scale_dtype) const;
   void load_fused_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales, DType scale_dtype,

@@ -26,15 +26,9 @@ PackedLayer pack_layer(const LayerSource& source, int threads,
       source.load_expert(e0 + i, buffers.slot(i));
       source.release_expert(e0 + i);
     });
-    if (info.w13_format == WeightFormat::int4_zero_point)
-      p13.append(buffers.w13(n), buffers.w13_scale(n), buffers.w13_zero_point(n),
-                 buffers.w13_bias(n));
-    else
-      p13.append(buffers.w13(n), buffers.w13_scale(n), buffers.w13_bias(n));
-    if (info.w2_format == WeightFormat::int4_zero_point)
-      p2.append(buffers.w2(n), buffers.w2_scale(n), buffers.w2_zero_point(n), buffers.w2_bias(n));
-    else
-      p2.append(buffers.w2(n), buffers.w2_scale(n), buffers.w2_bias(n));
+    p13.append(buffers.w13(n), buffers.w13_scale(n), buffers.w13_zero_point(n), buffers.w13_bias(n),
+               buffers.w13_input_order(n));
+    p2.append(buffers.w2(n), buffers.w2_scale(n), buffers.w2_zero_point(n), buffers.w2_bias(n));
     if (progress) progress(static_cast<double>(done + n) / static_cast<double>(count));
   }
   return {std::move(p13).finish(), std::move(p2).finish()};
