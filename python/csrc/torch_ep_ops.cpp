@@ -155,7 +155,8 @@ std::tuple<Tensor, Tensor> pack_shard(const Tensor& w13_weight, const Tensor& w2
                                       std::string gate_up_layout, std::string scale_storage,
                                       std::string kernel_set,
                                       const c10::optional<Tensor>& w13_weight_zero_point,
-                                      const c10::optional<Tensor>& w2_weight_zero_point) {
+                                      const c10::optional<Tensor>& w2_weight_zero_point,
+                                      const c10::optional<Tensor>& w13_input_order) {
   return translate_errors([&] {
     const int64_t hidden = logical_cols(w13_weight, "w13_weight");
     const int64_t inter = logical_cols(w2_weight, "w2_weight");
@@ -165,9 +166,13 @@ std::tuple<Tensor, Tensor> pack_shard(const Tensor& w13_weight, const Tensor& w2
     if constexpr (Meta) {
       auto bytes = [&](w4a8moe::WeightRole role, int64_t rows, int64_t cols, const Tensor& scale,
                        const c10::optional<Tensor>& zero_point, bool bias, const char* name) {
+        Tensor unused;
         return static_cast<int64_t>(w4a8moe::packed_size(
             role, w13_weight.size(0), rows, cols, to_dtype(scale.scalar_type(), name), bias,
-            with_format_of(options, scale, zero_point), name));
+            with_input_order(with_format_of(options, scale, zero_point),
+                             role == w4a8moe::WeightRole::w13 ? w13_input_order : c10::nullopt,
+                             unused, true),
+            name));
       };
       const auto o = w13_weight.options().dtype(at::kByte);
       return std::make_tuple(
@@ -192,9 +197,11 @@ std::tuple<Tensor, Tensor> pack_shard(const Tensor& w13_weight, const Tensor& w2
       w4a8moe::TensorView v[8];
       for (int i = 0; i < 8; ++i)
         if (t[i].defined()) v[i] = view_of(t[i], names[i]);
-      Tensor p13 = to_tensor(
-          w4a8moe::pack_w13(v[0], v[1], v[3], v[2],
-                            with_format_of(options, w13_weight_scale, w13_weight_zero_point)));
+      Tensor order;
+      Tensor p13 = to_tensor(w4a8moe::pack_w13(
+          v[0], v[1], v[3], v[2],
+          with_input_order(with_format_of(options, w13_weight_scale, w13_weight_zero_point),
+                           w13_input_order, order, false)));
       w4a8moe::PackOptions w2_options =
           with_format_of(options, w2_weight_scale, w2_weight_zero_point);
       w2_options.gate_up_layout = w4a8moe::GateUpLayout::halves;
@@ -374,7 +381,7 @@ TORCH_LIBRARY_FRAGMENT(w4a8moe, m) {
       "Tensor w13_weight_scale, Tensor w2_weight_scale, int group_size, Tensor experts, "
       "Tensor? w13_bias=None, Tensor? w2_bias=None, str gate_up_layout=\"halves\", "
       "str scale_storage=\"as_given\", str kernel_set=\"\", Tensor? w13_weight_zero_point=None, "
-      "Tensor? w2_weight_zero_point=None) -> (Tensor, Tensor)");
+      "Tensor? w2_weight_zero_point=None, Tensor? w13_input_order=None) -> (Tensor, Tensor)");
   m.def(
       "forward_local(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13_packed, "
       "Tensor w2_packed, Tensor expert_map, bool apply_router_weight_on_input=False, "

@@ -50,6 +50,7 @@ using util::to_tensor;
 using util::translate_errors;
 using util::view_of;
 using util::with_format_of;
+using util::with_input_order;
 
 // ---------------------------------------------------------------------------------------------
 // The forward op
@@ -299,6 +300,7 @@ struct PackArgs {
   const c10::optional<Tensor>& w2_bias;
   const c10::optional<Tensor>& w13_zero_point;
   const c10::optional<Tensor>& w2_zero_point;
+  const c10::optional<Tensor>& w13_input_order;
   LogicalShape shape;
   w4a8moe::PackOptions options;
 };
@@ -311,11 +313,12 @@ std::tuple<Tensor, Tensor> pack_ex(const Tensor& w13_weight, const Tensor& w2_we
                                    const c10::optional<Tensor>& w2_bias, std::string gate_up_layout,
                                    std::string scale_storage, std::string kernel_set,
                                    const c10::optional<Tensor>& w13_weight_zero_point,
-                                   const c10::optional<Tensor>& w2_weight_zero_point) {
+                                   const c10::optional<Tensor>& w2_weight_zero_point,
+                                   const c10::optional<Tensor>& w13_input_order) {
   return translate_errors([&] {
     const LogicalShape s = check_weight_shapes(w13_weight, w2_weight);
     return Pack(PackArgs{w13_weight, w2_weight, w13_weight_scale, w2_weight_scale, w13_bias,
-                         w2_bias, w13_weight_zero_point, w2_weight_zero_point, s,
+                         w2_bias, w13_weight_zero_point, w2_weight_zero_point, w13_input_order, s,
                          pack_options(group_size, gate_up_layout, scale_storage, kernel_set)});
   });
 }
@@ -339,8 +342,11 @@ std::tuple<Tensor, Tensor> pack_on_cpu(const PackArgs& a) {
   const auto s2 = view(a.w2_weight_scale, "w2_weight_scale");
   const auto z2 = optional_view(a.w2_zero_point, "w2_weight_zero_point");
   const auto b2 = optional_view(a.w2_bias, "w2_bias");
+  Tensor order;
   Tensor p13 = to_tensor(w4a8moe::pack_w13(
-      w13, s13, z13, b13, with_format_of(a.options, a.w13_weight_scale, a.w13_zero_point)));
+      w13, s13, z13, b13,
+      with_input_order(with_format_of(a.options, a.w13_weight_scale, a.w13_zero_point),
+                       a.w13_input_order, order, false)));
   w4a8moe::PackOptions w2_options = with_format_of(a.options, a.w2_weight_scale, a.w2_zero_point);
   w2_options.gate_up_layout = w4a8moe::GateUpLayout::halves;
   Tensor p2 = to_tensor(w4a8moe::pack_w2(w2, s2, z2, b2, w2_options));
@@ -355,9 +361,12 @@ std::tuple<Tensor, Tensor> packed_sizes(const PackArgs& a) {
                    const char* name) {
     const DType given = to_dtype(scale.scalar_type(), name);
     const bool has_bias = bias.has_value() && bias->defined();
-    return static_cast<int64_t>(w4a8moe::packed_size(role, s.experts, rows, cols, given, has_bias,
-                                                     with_format_of(a.options, scale, zero_point),
-                                                     name));
+    Tensor unused;
+    const w4a8moe::PackOptions options = with_input_order(
+        with_format_of(a.options, scale, zero_point),
+        role == w4a8moe::WeightRole::w13 ? a.w13_input_order : c10::nullopt, unused, true);
+    return static_cast<int64_t>(
+        w4a8moe::packed_size(role, s.experts, rows, cols, given, has_bias, options, name));
   };
   const auto o = a.w13_weight.options().dtype(at::kByte);
   return std::make_tuple(
@@ -374,20 +383,21 @@ std::tuple<Tensor, Tensor> packed_sizes(const PackArgs& a) {
 template <std::tuple<Tensor, Tensor> (*Ex)(
     const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t,
     const c10::optional<Tensor>&, const c10::optional<Tensor>&, std::string, std::string,
-    std::string, const c10::optional<Tensor>&, const c10::optional<Tensor>&)>
+    std::string, const c10::optional<Tensor>&, const c10::optional<Tensor>&,
+    const c10::optional<Tensor>&)>
 std::tuple<Tensor, Tensor> with_default_pack_options(
     const Tensor& w13_weight, const Tensor& w2_weight, const Tensor& w13_weight_scale,
     const Tensor& w2_weight_scale, int64_t group_size, const c10::optional<Tensor>& w13_bias,
     const c10::optional<Tensor>& w2_bias) {
   return Ex(w13_weight, w2_weight, w13_weight_scale, w2_weight_scale, group_size, w13_bias, w2_bias,
-            "halves", "as_given", "", c10::nullopt, c10::nullopt);
+            "halves", "as_given", "", c10::nullopt, c10::nullopt, c10::nullopt);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Companions
 
 using InfoTuple = std::tuple<int64_t, std::string, std::string, int64_t, int64_t, int64_t, int64_t,
-                             std::string, bool, int64_t, int64_t, std::string>;
+                             std::string, bool, int64_t, int64_t, std::string, bool>;
 
 InfoTuple packed_info_cpu(const Tensor& packed) {
   return translate_errors([&] {
@@ -403,7 +413,8 @@ InfoTuple packed_info_cpu(const Tensor& packed) {
                      i.has_bias,
                      static_cast<int64_t>(i.expert_bytes),
                      static_cast<int64_t>(i.total_bytes),
-                     w4a8moe::weight_format_name(i.weight_format)};
+                     w4a8moe::weight_format_name(i.weight_format),
+                     i.has_input_order};
   });
 }
 
@@ -488,11 +499,11 @@ TORCH_LIBRARY(w4a8moe, m) {
       "Tensor w13_weight_scale, Tensor w2_weight_scale, int group_size, Tensor? w13_bias=None, "
       "Tensor? w2_bias=None, str gate_up_layout=\"halves\", str scale_storage=\"as_given\", "
       "str kernel_set=\"\", Tensor? w13_weight_zero_point=None, "
-      "Tensor? w2_weight_zero_point=None) -> (Tensor, Tensor)");
+      "Tensor? w2_weight_zero_point=None, Tensor? w13_input_order=None) -> (Tensor, Tensor)");
   m.def(
       "packed_info(Tensor packed) -> (int version, str layout, str role, int experts, int rows, "
       "int cols, int group_size, str scale_dtype, bool has_bias, int expert_bytes, "
-      "int total_bytes, str weight_format)");
+      "int total_bytes, str weight_format, bool has_input_order)");
   m.def(
       "is_supported_config(ScalarType dtype, int hidden_size, int intermediate_size, "
       "int num_experts, int top_k, int group_size, int activation_kind) -> (bool, str)",

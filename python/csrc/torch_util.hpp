@@ -54,6 +54,31 @@ inline w4a8moe::PackOptions with_format_of(w4a8moe::PackOptions options, const T
   return options;
 }
 
+// PackOptions::input_order for w13 from an optional int32 [E, H] tensor (`keep` holds its
+// contiguous copy while packing). Meta tensors have no data: a placeholder view that says one is
+// given, which is all packed_size() reads.
+inline w4a8moe::PackOptions with_input_order(w4a8moe::PackOptions options,
+                                             const c10::optional<Tensor>& order, Tensor& keep,
+                                             bool meta) {
+  if (!order.has_value() || !order->defined()) return options;
+  if (meta) {
+    static const int32_t placeholder = 0;
+    options.input_order = w4a8moe::TensorView::of(
+        &placeholder, w4a8moe::DType::i32,
+        {order->dim() > 0 ? order->size(0) : 0, order->dim() > 1 ? order->size(1) : 0});
+    return options;
+  }
+  TORCH_CHECK(order->device().is_cpu(), "w13_input_order: expected a CPU tensor, got one on ",
+              order->device());
+  TORCH_CHECK(order->scalar_type() == at::kInt && order->dim() == 2,
+              "w13_input_order: expected an int32 tensor [E, H], got dtype ", order->scalar_type(),
+              " and shape ", order->sizes());
+  keep = order->contiguous();
+  options.input_order =
+      w4a8moe::TensorView::of(keep.data_ptr(), w4a8moe::DType::i32, {keep.size(0), keep.size(1)});
+  return options;
+}
+
 inline void require_cpu(const Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), name, ": expected a CPU tensor, got one on ", t.device());
 }

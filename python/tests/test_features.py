@@ -432,3 +432,51 @@ def test_mxfp4_refusals_name_the_argument():
     with pytest.raises(RuntimeError, match=r"w13: expected dtype u8 \(mxfp4 e2m1 codes"):
         w4a8moe.pack(torch.zeros(2, 64, 64, dtype=torch.int8),
                      torch.zeros(2, 64, 32, dtype=torch.int8), e13, e2, 32)
+
+
+def test_input_order_gathers_x_per_expert():
+    # act-order: column c of expert e's w13 multiplies x[:, order[e, c]]. With one slot per
+    # token the layer equals the plain one on x's rows gathered by their expert's order, to the
+    # bit (a quantized value does not depend on the order), and with one order for all experts
+    # the plain layer on x[:, order].
+    gen = torch.Generator().manual_seed(21)
+    E, I, H, g = 4, 64, 128, 32
+    w13, z13, s13, _ = zero_point_tensors(E, 2 * I, H, g, 1.5, gen)
+    w2, z2, s2, _ = zero_point_tensors(E, H, I, g, 1.0, gen)
+    order = torch.stack([torch.randperm(H, generator=gen) for _ in range(E)]).to(torch.int32)
+    x, ids, wts = make_inputs(16, H, E, 1, 6)
+    p13, p2 = w4a8moe.pack(w13, w2, s13, s2, g, w13_zero_point=z13, w2_zero_point=z2,
+                           w13_input_order=order)
+    assert w4a8moe.packed_info(p13).has_input_order
+    assert not w4a8moe.packed_info(p2).has_input_order
+    q13, q2 = w4a8moe.pack(w13, w2, s13, s2, g, w13_zero_point=z13, w2_zero_point=z2)
+    out = w4a8moe.moe(x, ids, wts, p13, p2)
+    gathered = torch.stack([x[t, order[ids[t, 0]].long()] for t in range(x.shape[0])])
+    assert torch.equal(out, w4a8moe.moe(gathered, ids, wts, q13, q2))
+    assert_differs(out, w4a8moe.moe(x, ids, wts, q13, q2), "the order must matter")
+    # two slots, one order for every expert
+    x2, ids2, wts2 = make_inputs(16, H, E, 2, 7)
+    same = order[:1].expand(E, H).contiguous()
+    r13, r2 = w4a8moe.pack(w13, w2, s13, s2, g, w13_zero_point=z13, w2_zero_point=z2,
+                           w13_input_order=same)
+    assert torch.equal(w4a8moe.moe(x2, ids2, wts2, r13, r2),
+                       w4a8moe.moe(x2[:, order[0].long()].contiguous(), ids2, wts2, q13, q2))
+    # a rank's share takes the order too
+    s13_, _ = w4a8moe.pack(w13, w2, s13, s2, g, experts=[3, 1], w13_zero_point=z13,
+                           w2_zero_point=z2, w13_input_order=order)
+    assert w4a8moe.packed_info(s13_).has_input_order
+    # refusals name the argument
+    bad = order.clone()
+    bad[2, 5] = bad[2, 6]
+    with pytest.raises(RuntimeError, match=r"PackOptions::input_order: .*twice in row 2"):
+        w4a8moe.pack(w13, w2, s13, s2, g, w13_zero_point=z13, w2_zero_point=z2,
+                     w13_input_order=bad)
+    with pytest.raises(RuntimeError, match=r"w13_input_order: expected an int32 tensor \[E, H\]"):
+        w4a8moe.pack(w13, w2, s13, s2, g, w13_zero_point=z13, w2_zero_point=z2,
+                     w13_input_order=order.long())
+    # the meta kernel gives the packed sizes with the order
+    meta = [t.to("meta") for t in (w13, w2, s13, s2)]
+    fake = torch.ops.w4a8moe.convert_to_w4a8_int8_moe_format_ex(
+        *meta, g, None, None, "halves", "as_given", "", z13.to("meta"), z2.to("meta"),
+        order.to("meta"))
+    assert [f.shape for f in fake] == [p13.shape, p2.shape]

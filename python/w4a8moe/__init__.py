@@ -91,6 +91,7 @@ class PackedInfo(NamedTuple):
     expert_bytes: int
     total_bytes: int
     weight_format: str  # "int4_symmetric", "int4_zero_point" or "mxfp4"
+    has_input_order: bool  # w13 packed with an input order (act-order)
 
 
 def packed_info(packed: torch.Tensor) -> PackedInfo:
@@ -113,6 +114,7 @@ def pack(
     experts: Optional[Sequence[int]] = None,
     w13_zero_point: Optional[torch.Tensor] = None,
     w2_zero_point: Optional[torch.Tensor] = None,
+    w13_input_order: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Packs the experts once; returns (w13_packed, w2_packed), two 1-D uint8 tensors.
 
@@ -129,16 +131,20 @@ def pack(
     w13_zero_point, w2_zero_point: int4 with zero points (AWQ, GPTQ, asymmetric
     compressed-tensors): int8 in [-8, 7] shaped like the scales; each element is then
     (w - z) * s (docs/operator.md, "Weight formats"), packed exactly.
+    w13_input_order: act-order (GPTQ desc_act): int32 [E, H], row e a permutation; column c of
+    expert e's w13 multiplies input w13_input_order[e, c], the columns sorted so that each
+    group is contiguous (docs/operator.md, "Input order"). w2 takes none: reorder w13's rows.
     """
     if experts is not None:
         return ops.convert_to_w4a8_int8_moe_format_shard(
             w13, w2, w13_scale, w2_scale, group_size, torch.as_tensor(experts, dtype=torch.int64),
             w13_bias, w2_bias, gate_up_layout, scale_storage, kernel_set,
-            w13_zero_point, w2_zero_point,
+            w13_zero_point, w2_zero_point, w13_input_order,
         )
     return ops.convert_to_w4a8_int8_moe_format_ex(
         w13, w2, w13_scale, w2_scale, group_size, w13_bias, w2_bias,
         gate_up_layout, scale_storage, kernel_set, w13_zero_point, w2_zero_point,
+        w13_input_order,
     )
 
 
