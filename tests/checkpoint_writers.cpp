@@ -822,8 +822,12 @@ CtModel make_ct(const CtSpec& s) {
                                   {"version", "gemm"},
                                   {"modules_to_not_convert", nullptr}};
   } else if (!dense) {
-    json weights = {{"num_bits", 4},          {"type", "int"},    {"symmetric", !s.asymmetric},
-                    {"strategy", s.strategy}, {"dynamic", false}, {"actorder", nullptr}};
+    json weights = {{"num_bits", 4},
+                    {"type", "int"},
+                    {"symmetric", !s.asymmetric},
+                    {"strategy", s.strategy},
+                    {"dynamic", false},
+                    {"actorder", s.act_order ? json("group") : json(nullptr)}};
     weights["group_size"] = s.strategy == "group" ? json(32) : json(nullptr);
     cfg["quantization_config"] = {
         {"quant_method", "compressed-tensors"},
@@ -959,6 +963,11 @@ CtModel make_ct(const CtSpec& s) {
                                               ? std::vector<int64_t>{rows, 1}
                                               : std::vector<int64_t>{rows, cols / 32};
       c.writer.add(p + "weight_scale", DType::bf16, sshape, bf16_of(sc));
+      if (s.act_order) {  // compressed-tensors' weight_g_idx: GPTQ's g_idx
+        const std::vector<int32_t>& all = which == 2 ? t.g2 : t.g13;
+        c.writer.add(p + "weight_g_idx", DType::i32, {cols},
+                     std::vector<int32_t>(all.begin() + e * cols, all.begin() + (e + 1) * cols));
+      }
       if (s.asymmetric) {
         const std::vector<int8_t> z = zero_points_of(t, which, e);
         const int64_t groups = sshape[1];

@@ -274,8 +274,9 @@ struct CtSpec {
   // int-quantized: I8) whose values span [-8, 7].
   bool asymmetric = false;
   std::string gptq_format = "gptq";  // gptq's checkpoint_format: "gptq" (zeros less one), "gptq_v2"
-  // gptq with desc_act: every module's g_idx a random assignment of g inputs to each group (as
-  // GPTQ's act-order makes them), shared by an expert's gate and up (Moe::g13, g2)
+  // Act-order (gptq: desc_act; packed / int: actorder "group" with weight_g_idx): every
+  // module's g_idx a random assignment of g inputs to each group (as GPTQ's act-order makes
+  // them), shared by an expert's gate and up (Moe::g13, g2)
   bool act_order = false;
 };
 

@@ -515,6 +515,17 @@ TEST_F(CtMalformed, TensorProblems) {
                       c.writer.add(p + "weight", DType::i8, {64, 64}, v);
                     }),
               HasSubstr("tensor '" + p + "weight' holds 9 at [0, 5], outside int4 [-8, 7]"));
+  {  // a weight_g_idx that permutes the inputs needs actorder "group"
+    const std::string gate = "model.layers.0.mlp.experts.3.gate_proj.";
+    std::vector<int32_t> g(64);
+    for (int k = 0; k < 64; ++k) g[static_cast<size_t>(k)] = k % 2;
+    EXPECT_THAT(
+        error(base(),
+              [&](CtModel& c) { c.writer.add(gate + "weight_g_idx", DType::i32, {64}, g); }),
+        HasSubstr("tensor '" + gate +
+                  "weight_g_idx' permutes the inputs (act-order) but config.json "
+                  "quantization_config says no actorder \"group\""));
+  }
   EXPECT_THAT(error(base(), erased("model.layers.0.mlp.gate.weight")),
               HasSubstr("tensor 'model.layers.0.mlp.gate.weight' (the router) is missing"));
 }

@@ -164,10 +164,12 @@ TEST(GptqAwq, ActOrderRunsAsTheFileSays) {
   // are sorted by group with the order that gathers their inputs, down's order moves the gate and
   // up rows; the layer then runs as the file's weights dequantized by g_idx, and not as the
   // same weights read as if g_idx were k / g.
-  for (const bool asymmetric : {true, false}) {
-    SCOPED_TRACE(asymmetric ? "asymmetric" : "sym");
+  // compressed-tensors' actorder "group" (weight_g_idx) is the same
+  for (const auto& [scheme, asymmetric] : {std::pair{"gptq", true}, std::pair{"gptq", false},
+                                           std::pair{"packed", true}, std::pair{"int", false}}) {
+    SCOPED_TRACE(::testing::Message() << scheme << (asymmetric ? " asymmetric" : " symmetric"));
     TempDir dir;
-    const CtModel m = make_ct(CtSpec{.scheme = "gptq",
+    const CtModel m = make_ct(CtSpec{.scheme = scheme,
                                      .H = 128,
                                      .I = 96,
                                      .layers = 1,

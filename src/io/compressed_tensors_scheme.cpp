@@ -99,11 +99,11 @@ CompressedTensorsScheme read_compressed_tensors_scheme(const std::string& folder
             out.strategy, "\""));
   if (const json* gs = get("group_size"); gs != nullptr && gs->is_number_integer())
     out.group_size = gs->get<int>();
+  // actorder "group" scatters the groups over the inputs (weight_g_idx); "weight" reorders
+  // only while quantizing and saves contiguous groups
   if (const json* order = get("actorder");
       order != nullptr && order->is_string() && order->get<std::string>() == "group")
-    hf_fail(folder,
-            "config.json quantization_config: actorder \"group\" (a permutation of the input "
-            "columns, weight_g_idx) is not supported");
+    out.act_order = true;
   return out;
 }
 

@@ -1,6 +1,6 @@
 // The quantization_config of a compressed-tensors checkpoint: which config group quantizes the
 // experts, and that its weights are what w4a8moe reads exactly (int4, symmetric or with zero
-// points, group, channel or tensor strategy, no act-order permutation).
+// points, group, channel or tensor strategy, with or without actorder "group").
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -9,10 +9,11 @@
 namespace w4a8moe::io {
 
 struct CompressedTensorsScheme {
-  std::string format;     // "pack-quantized", "int-quantized", ... ("" when not given)
-  std::string strategy;   // group, channel or tensor
-  int group_size = 0;     // 0: not given
-  bool symmetric = true;  // false: weight_zero_point tensors, element (q - z) * scale
+  std::string format;      // "pack-quantized", "int-quantized", ... ("" when not given)
+  std::string strategy;    // group, channel or tensor
+  int group_size = 0;      // 0: not given
+  bool symmetric = true;   // false: weight_zero_point tensors, element (q - z) * scale
+  bool act_order = false;  // actorder "group": weight_g_idx tensors (as GPTQ's g_idx)
 };
 
 // Reads config.json's quantization_config `q` for the experts whose first projection is

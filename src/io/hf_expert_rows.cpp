@@ -21,19 +21,17 @@ constexpr int64_t kStripRows = 32;
 
 }  // namespace
 
-void HfLayer::load_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales, DType scale_dtype,
-                        int8_t* zero_points) const {
+// Returns the act-order column order applied (empty: none), as group_order().
+std::vector<int32_t> HfLayer::load_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales,
+                                        DType scale_dtype, int8_t* zero_points) const {
   const ProjectionShape p = projection_shape(info_, which);
   const int64_t rows = p.rows, cols = p.cols, groups = p.groups;
   const int g = info_.group_size;
   if (scheme_ == HfScheme::dense) {
     load_dense_rows(which, e, nibbles, scales, scale_dtype);
-    return;
+    return {};
   }
-  if (is_gptq()) {  // act-order is the caller's (load_expert)
-    load_gptq_rows(which, e, nibbles, scales, scale_dtype, zero_points);
-    return;
-  }
+  if (is_gptq()) return load_gptq_rows(which, e, nibbles, scales, scale_dtype, zero_points);
 
   // scales: as stored (a widening to f32 when gate and up differ), channel [N, 1] or [N] or
   // one per tensor (broadcast to every row: the same values)
@@ -94,9 +92,34 @@ void HfLayer::load_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales,
     pack_nibbles(v, rows * cols, nibbles);
   }
   load_zero_points(which, e, zero_points);
-  if (has(tensor_name(e, which, "weight_g_idx")))
-    fail(cat("tensor '", tensor_name(e, which, "weight_g_idx"),
-             "' exists: activation reordering (act-order) is not supported"));
+  // actorder "group": weight_g_idx as GPTQ's g_idx
+  std::vector<int32_t> order =
+      group_order(which, e, "weight_g_idx", cols, g == -1 ? cols : g, g == -1 ? 1 : groups);
+  sort_columns(which, e, "weight_g_idx", order, nibbles, rows, cols);
+  return order;
+}
+
+// Act-order: each row's nibbles in `order` (none when empty); w13's only when the layer has an
+// input order (LayerInfo::w13_input_order), else the file contradicts its config.
+void HfLayer::sort_columns(int which, int64_t e, const char* g_idx,
+                           const std::vector<int32_t>& order, uint8_t* nibbles, int64_t rows,
+                           int64_t cols) const {
+  if (order.empty()) return;
+  if (which < 2 && !info_.w13_input_order)
+    fail(cat("tensor '", tensor_name(e, which, g_idx),
+             "' permutes the inputs (act-order) but config.json quantization_config says ",
+             is_gptq() ? "desc_act: false" : "no actorder \"group\""));
+  std::vector<uint8_t> row(static_cast<size_t>(cols / 2));
+  for (int64_t n = 0; n < rows; ++n) {
+    uint8_t* dst = nibbles + n * (cols / 2);
+    std::memcpy(row.data(), dst, row.size());
+    std::memset(dst, 0, row.size());
+    for (int64_t c = 0; c < cols; ++c) {
+      const int32_t k = order[static_cast<size_t>(c)];
+      const auto q = static_cast<uint8_t>((row[static_cast<size_t>(k / 2)] >> (4 * (k % 2))) & 15);
+      dst[c / 2] |= static_cast<uint8_t>(q << (4 * (c % 2)));
+    }
+  }
 }
 
 // compressed-tensors' weight_zero_point of projection `which` of expert e, one per scale: packed
@@ -229,36 +252,19 @@ std::vector<int32_t> HfLayer::load_gptq_rows(int which, int64_t e, uint8_t* nibb
       }
     }
   // act-order: the inputs sorted by group, the columns with them
-  std::vector<int32_t> order = group_order(which, e, cols, g, groups);
-  if (!order.empty()) {
-    if (which < 2 && !info_.w13_input_order)
-      fail(cat("tensor '", tensor_name(e, which, "g_idx"),
-               "' permutes the inputs (act-order) but config.json quantization_config says "
-               "desc_act: false"));
-    std::vector<uint8_t> row(static_cast<size_t>(cols / 2));
-    for (int64_t n = 0; n < rows; ++n) {
-      uint8_t* dst = nibbles + n * (cols / 2);
-      std::memcpy(row.data(), dst, row.size());
-      std::memset(dst, 0, row.size());
-      for (int64_t c = 0; c < cols; ++c) {
-        const int32_t k = order[static_cast<size_t>(c)];
-        const auto q =
-            static_cast<uint8_t>((row[static_cast<size_t>(k / 2)] >> (4 * (k % 2))) & 15);
-        dst[c / 2] |= static_cast<uint8_t>(q << (4 * (c % 2)));
-      }
-    }
-  }
+  std::vector<int32_t> order = group_order(which, e, "g_idx", cols, g, groups);
+  sort_columns(which, e, "g_idx", order, nibbles, rows, cols);
   if (const std::string name = tensor_name(e, which, "bias"); has(name))
     fail(cat("tensor '", name, "' exists: the experts' projections have no bias in w4a8moe"));
   return order;
 }
 
-// GPTQ's g_idx [cols] (input k's group; k / g unless act-order), as the column order that makes
-// the groups contiguous: the inputs sorted by group, stably, each group g of them. Empty when
-// g_idx is absent or already k / g.
-std::vector<int32_t> HfLayer::group_order(int which, int64_t e, int64_t cols, int64_t g,
-                                          int64_t groups) const {
-  const std::string name = tensor_name(e, which, "g_idx");
+// GPTQ's g_idx (compressed-tensors' weight_g_idx) [cols], input k's group (k / g unless
+// act-order), as the column order that makes the groups contiguous: the inputs sorted by group,
+// stably, each group g of them. Empty when g_idx is absent or already k / g.
+std::vector<int32_t> HfLayer::group_order(int which, int64_t e, const char* g_idx, int64_t cols,
+                                          int64_t g, int64_t groups) const {
+  const std::string name = tensor_name(e, which, g_idx);
   if (!has(name)) return {};
   const TensorEntry& t = entry(name);
   if ((t.dtype != DType::i32 && t.dtype != DType::i64) || t.shape != std::vector<int64_t>{cols})
@@ -388,38 +394,26 @@ void HfLayer::load_expert(int64_t e, const ExpertSlot& slot) const {
   }
   int8_t* const up_zero_points =
       slot.w13_zero_point != nullptr ? slot.w13_zero_point + I * g13 : nullptr;
-  if (is_gptq()) {
-    load_gptq_expert(e, slot, up, up_scales, up_zero_points);
-    return;
-  }
-  load_rows(0, e, slot.w13, slot.w13_scale, info_.w13_scale_dtype, slot.w13_zero_point);
-  load_rows(1, e, up, up_scales, info_.w13_scale_dtype, up_zero_points);
-  load_rows(2, e, slot.w2, slot.w2_scale, info_.w2_scale_dtype, slot.w2_zero_point);
-}
-
-// A GPTQ / AWQ expert. Act-order: w13's input order is its gate's group order (up's must be the
-// same: one order serves both); down's group order sorts its inputs, the intermediate, so w13's
-// gate and up rows (scales, zero points) move with them and no order is needed at run time.
-void HfLayer::load_gptq_expert(int64_t e, const ExpertSlot& slot, uint8_t* up, uint8_t* up_scales,
-                               int8_t* up_zero_points) const {
-  const int64_t H = info_.hidden, I = info_.inter;
+  // Act-order: w13's input order is its gate's group order (up's must be the same: one order
+  // serves both); down's group order sorts its inputs, the intermediate, so w13's gate and up
+  // rows (scales, zero points) move with them and no order is needed at run time.
   const std::vector<int32_t> gate_order =
-      load_gptq_rows(0, e, slot.w13, slot.w13_scale, info_.w13_scale_dtype, slot.w13_zero_point);
+      load_rows(0, e, slot.w13, slot.w13_scale, info_.w13_scale_dtype, slot.w13_zero_point);
   const std::vector<int32_t> up_order =
-      load_gptq_rows(1, e, up, up_scales, info_.w13_scale_dtype, up_zero_points);
+      load_rows(1, e, up, up_scales, info_.w13_scale_dtype, up_zero_points);
+  const char* g_idx = is_gptq() ? "g_idx" : "weight_g_idx";
   if (gate_order != up_order)
-    fail(cat("tensors '", tensor_name(e, 0, "g_idx"), "' and '", tensor_name(e, 1, "g_idx"),
+    fail(cat("tensors '", tensor_name(e, 0, g_idx), "' and '", tensor_name(e, 1, g_idx),
              "' order the inputs differently: w13's gate and up share one input order"));
   if (slot.w13_input_order != nullptr)
     for (int64_t c = 0; c < H; ++c)
       slot.w13_input_order[c] =
           gate_order.empty() ? static_cast<int32_t>(c) : gate_order[static_cast<size_t>(c)];
   const std::vector<int32_t> down_order =
-      load_gptq_rows(2, e, slot.w2, slot.w2_scale, info_.w2_scale_dtype, slot.w2_zero_point);
+      load_rows(2, e, slot.w2, slot.w2_scale, info_.w2_scale_dtype, slot.w2_zero_point);
   if (down_order.empty()) return;
   // w13 row j of each part becomes row down_order[j]
-  const int64_t g13 = info_.group_size == -1 ? 1 : H / info_.group_size;
-  const size_t scale_bytes = g13 * dtype_bytes(info_.w13_scale_dtype);
+  const size_t scale_bytes = static_cast<size_t>(g13) * dtype_bytes(info_.w13_scale_dtype);
   const auto permute = [&](uint8_t* base, size_t row_bytes) {
     std::vector<uint8_t> old(base, base + static_cast<size_t>(2 * I) * row_bytes);
     for (int64_t part = 0; part < 2; ++part)
@@ -451,7 +445,7 @@ void HfLayer::release_expert(int64_t e) const {
   }
   for (int which = 0; which < 3; ++which)
     for (const char* suffix : {"weight_packed", "weight", "weight_scale", "weight_zero_point",
-                               "qweight", "qzeros", "scales", "g_idx"}) {
+                               "weight_g_idx", "qweight", "qzeros", "scales", "g_idx"}) {
       const std::string name = tensor_name(e, which, suffix);
       if (has(name)) tensors_.release(name);
     }

@@ -301,6 +301,11 @@ void HfLayer::check_modules() {
              "H = ",
              H, " and I = ", I));
   info_.group_size = group;
+  info_.w13_input_order = quantization_.act_order && group != -1;
+  if (info_.w13_input_order)
+    info_.notes.push_back(
+        "act-order (actorder \"group\"): each expert's gate and up columns sorted by group, with "
+        "the order that gathers their inputs; down's order moves the gate and up rows");
   if (!quantization_.symmetric) {
     info_.w13_format = info_.w2_format = WeightFormat::int4_zero_point;
     for (int i = 0; i < 3; ++i) {

@@ -43,6 +43,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "io/checkpoint.hpp"
 #include "io/compressed_tensors_scheme.hpp"
@@ -92,15 +93,15 @@ class HfLayer final : public LayerSource {
   void read_activation();
   void read_routing();
   // hf_expert_rows.cpp
-  void load_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales, DType scale_dtype,
-                 int8_t* zero_points) const;
+  std::vector<int32_t> load_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales,
+                                 DType scale_dtype, int8_t* zero_points) const;
   void load_zero_points(int which, int64_t e, int8_t* out) const;
   std::vector<int32_t> load_gptq_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales,
                                       DType scale_dtype, int8_t* zero_points) const;
-  std::vector<int32_t> group_order(int which, int64_t e, int64_t cols, int64_t g,
+  std::vector<int32_t> group_order(int which, int64_t e, const char* g_idx, int64_t cols, int64_t g,
                                    int64_t groups) const;
-  void load_gptq_expert(int64_t e, const ExpertSlot& slot, uint8_t* up, uint8_t* up_scales,
-                        int8_t* up_zero_points) const;
+  void sort_columns(int which, int64_t e, const char* g_idx, const std::vector<int32_t>& order,
+                    uint8_t* nibbles, int64_t rows, int64_t cols) const;
   void load_dense_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales,
                        DType scale_dtype) const;
   void load_fused_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales, DType scale_dtype,
