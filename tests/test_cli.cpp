@@ -500,6 +500,22 @@ TEST_F(CliTest, SpinUsSetsTheWaitPolicyOrNamesTheBound) {
   }
 }
 
+TEST_F(CliTest, BenchWeightFormatsAndActOrderPassTheirCheck) {
+  // each format, and w13 with an input order, against the reference before timing
+  for (const std::vector<std::string>& extra : {std::vector<std::string>{"--weights", "int4_zp"},
+                                                {"--weights", "mxfp4"},
+                                                {"--act-order"},
+                                                {"--act-order", "--weights", "int4_zp"}}) {
+    std::vector<std::string> args = {"bench", "--preset", "tiny", "--tokens",  "3", "--group",
+                                     "32",    "--repeat", "1",    "--spin-us", "0"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const RunResult r = run(args);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.out, HasSubstr("against the reference"));
+    EXPECT_THAT(r.out, HasSubstr("(ok, bound"));
+  }
+}
+
 TEST_F(CliTest, HelpAndUnknownSubcommand) {
   const RunResult help = run({"--help"});
   EXPECT_EQ(help.exit_code, 0) << help.err;

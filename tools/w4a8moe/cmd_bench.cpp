@@ -156,7 +156,8 @@ void check_counts(const BenchOptions& o) {
 void generate_and_pack(const BenchOptions& o, BenchLayer& b, const Parallel& parallel) {
   b.synthetic = [&] {
     Progress p("generating weights");
-    return make_layer(b.preset, b.group, b.scale_dtype, o.seed, &Progress::callback, &p, b.format);
+    return make_layer(b.preset, b.group, b.scale_dtype, o.seed, &Progress::callback, &p, b.format,
+                      o.act_order);
   }();
   const LogicalWeights lw = b.synthetic.view();
   PackOptions po;
@@ -217,13 +218,14 @@ void print_header(const BenchOptions& o, const BenchLayer& b, const Context& ctx
                   const std::string& kernel_set) {
   const Preset& p = b.preset;
   std::printf(
-      "w4a8moe bench: %s (H %lld, I %lld, E %lld, top-k %lld, %s%s), %s weights, group %d, %s "
+      "w4a8moe bench: %s (H %lld, I %lld, E %lld, top-k %lld, %s%s), %s weights%s, group %d, %s "
       "scales, x %s, %lld tokens, %s routing, %d threads, kernel set %s\n",
       p.name, static_cast<long long>(p.hidden), static_cast<long long>(p.inter),
       static_cast<long long>(p.experts), static_cast<long long>(p.top_k),
       activation_name(p.activation), p.router_on_input ? ", router weight on input" : "",
-      weight_format_name(b.format), b.group, dtype_name(b.scale_dtype), dtype_name(b.x_dtype),
-      static_cast<long long>(o.tokens), o.routing.c_str(), ctx.threads(), kernel_set.c_str());
+      weight_format_name(b.format), o.act_order ? " (act-order)" : "", b.group,
+      dtype_name(b.scale_dtype), dtype_name(b.x_dtype), static_cast<long long>(o.tokens),
+      o.routing.c_str(), ctx.threads(), kernel_set.c_str());
   std::printf("%s %.1f MB in %.2f s%s\n", b.from_file ? "loaded" : "packed",
               static_cast<double>(b.experts.w13.size() + b.experts.w2.size()) / 1e6, b.pack_s,
               b.from_file && !o.skip_checksum ? " (checksum verified)" : "");
@@ -334,6 +336,7 @@ void print_json(const BenchOptions& o, const BenchLayer& b, const Figures& f,
   j["dtype"] = dtype_name(b.x_dtype);
   j["scales"] = dtype_name(b.scale_dtype);
   j["weights"] = weight_format_name(b.format);
+  j["act_order"] = o.act_order;
   j["routing"] = o.routing;
   j["kernel_set"] = kernel_set;
   j["repeat"] = o.repeat;
@@ -453,6 +456,7 @@ ParallelCheck check_parallel(const BenchLayer& b, const BenchOptions& o, const I
   const LogicalWeights lw = b.synthetic.view();
   PackOptions po;
   po.group_size = b.group;
+  po.weight_format = b.format;
   po.gate_up_layout = lw.gate_up_layout;
   const PackedExperts full = PackedExperts::pack(lw, po);
   OutputTensor one(b.x_dtype, T, H);

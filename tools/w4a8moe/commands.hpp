@@ -28,7 +28,8 @@ struct BenchOptions {
   std::string dtype = "f32";
   std::string routing = "uniform";
   std::string scales = "bf16";
-  std::string weights = "int4";  // int4 or mxfp4 (group 32)
+  std::string weights = "int4";  // int4, int4_zp or mxfp4 (group 32)
+  bool act_order = false;        // w13 with a random input order per expert
   int repeat = 10;
   bool json = false;
   bool check = true;

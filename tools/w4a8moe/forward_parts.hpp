@@ -45,10 +45,12 @@ struct PackedExperts {
     return e;
   }
 
-  // Packs the logical weights for the kernel set in `options`.
-  static PackedExperts pack(const LogicalWeights& w, const PackOptions& options) {
+  // Packs the logical weights for the kernel set in `options` (w13 with its input order).
+  static PackedExperts pack(const LogicalWeights& w, PackOptions options) {
     PackedExperts e;
+    options.input_order = w.w13_input_order;
     e.w13_packed = pack_w13(w.w13, w.w13_scale, w.w13_zero_point, w.w13_bias, options);
+    options.input_order = {};
     e.w2_packed = pack_w2(w.w2, w.w2_scale, w.w2_zero_point, w.w2_bias, options);
     e.w13 = e.w13_packed.bytes();
     e.w2 = e.w2_packed.bytes();

@@ -58,6 +58,9 @@ CLI::App* add_bench(CLI::App& app, BenchOptions& o) {
                 "weight format: int4, int4_zp (int4 with zero points), or mxfp4 (e2m1 codes, "
                 "e8m0 scales; group 32)")
       ->capture_default_str();
+  c->add_flag("--act-order", o.act_order,
+              "w13 with a random input order per expert, gathered per (token, expert) as for "
+              "act-order checkpoints");
   c->add_option("--routing", o.routing, "uniform or skewed (a few hot experts)")
       ->capture_default_str();
   c->add_option("--repeat", o.repeat, "timed runs; the median is reported")->capture_default_str();
@@ -70,7 +73,8 @@ CLI::App* add_bench(CLI::App& app, BenchOptions& o) {
       ->excludes(c->get_option("--preset"))
       ->excludes(c->get_option("--group"))
       ->excludes(c->get_option("--scales"))
-      ->excludes(c->get_option("--weights"));
+      ->excludes(c->get_option("--weights"))
+      ->excludes(c->get_option("--act-order"));
   return c;
 }
 

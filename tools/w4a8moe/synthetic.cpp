@@ -108,6 +108,7 @@ LogicalWeights SyntheticLayer::view() const {
     w.w2_zero_point.data = z2.data();
     w.w2_zero_point.dtype = DType::i8;
   }
+  if (!order13.empty()) w.w13_input_order = TensorView::of(order13.data(), DType::i32, {E, H});
   if (!b13.empty()) {
     w.w13_bias = TensorView::of(b13.data(), DType::f32, {E, 2 * I});
     w.w2_bias = TensorView::of(b2.data(), DType::f32, {E, H});
@@ -116,8 +117,8 @@ LogicalWeights SyntheticLayer::view() const {
 }
 
 SyntheticLayer make_layer(const Preset& preset, int group_size, DType scale_dtype, uint64_t seed,
-                          void (*progress)(double, void*), void* progress_ctx,
-                          WeightFormat format) {
+                          void (*progress)(double, void*), void* progress_ctx, WeightFormat format,
+                          bool act_order) {
   const int64_t E = preset.experts, H = preset.hidden, I = preset.inter;
   if (!group_size_fits(group_size, H) || !group_size_fits(group_size, I))
     throw Error("--group: expected -1 or a multiple of 32 dividing " + std::to_string(H) + " and " +
@@ -144,6 +145,7 @@ SyntheticLayer make_layer(const Preset& preset, int group_size, DType scale_dtyp
     L.z13.resize(static_cast<size_t>(E * 2 * I * g13));
     L.z2.resize(static_cast<size_t>(E * H * g2));
   }
+  if (act_order) L.order13.resize(static_cast<size_t>(E * H));
   if (preset.interleaved_bias) {
     L.b13.resize(static_cast<size_t>(E * 2 * I));
     L.b2.resize(static_cast<size_t>(E * H));
@@ -182,6 +184,12 @@ SyntheticLayer make_layer(const Preset& preset, int group_size, DType scale_dtyp
         L.z13[static_cast<size_t>(e * 2 * I * g13) + i] = zero();
       for (size_t i = 0; i < (L.z2.empty() ? 0 : static_cast<size_t>(H * g2)); ++i)
         L.z2[static_cast<size_t>(e * H * g2) + i] = zero();
+      if (!L.order13.empty()) {  // Fisher-Yates
+        int32_t* order = L.order13.data() + e * H;
+        for (int64_t i = 0; i < H; ++i) order[i] = static_cast<int32_t>(i);
+        for (int64_t i = H - 1; i > 0; --i)
+          std::swap(order[i], order[r.next() % static_cast<uint64_t>(i + 1)]);
+      }
       for (size_t i = 0; i < (L.b13.empty() ? 0 : static_cast<size_t>(2 * I)); ++i)
         L.b13[static_cast<size_t>(e * 2 * I) + i] = static_cast<float>(0.1 * r.normal());
       for (size_t i = 0; i < (L.b2.empty() ? 0 : static_cast<size_t>(H)); ++i)

@@ -30,15 +30,18 @@ struct SyntheticLayer {
   std::vector<uint8_t> s13, s2;  // raw scale bytes in scale_dtype
   std::vector<float> b13, b2;    // empty, or [E, 2I], [E, H]
   std::vector<int8_t> z13, z2;   // int4_zero_point: zero points shaped like the scales
+  std::vector<int32_t> order13;  // act-order: w13's input order [E, H], a permutation each
   LogicalWeights view() const;   // views over the above
 };
 
 // progress(fraction) is called from the generating thread now and then.
 // format mxfp4: group_size 32, random codes and e8m0 exponents (scale_dtype is ignored: u8);
 // int4_zero_point: zero points in [-2, 2], near the middle as asymmetric quantizers find them.
+// act_order: a random input order per expert for w13 (PackOptions::input_order).
 SyntheticLayer make_layer(const Preset& preset, int group_size, DType scale_dtype, uint64_t seed,
                           void (*progress)(double, void*), void* progress_ctx,
-                          WeightFormat format = WeightFormat::int4_symmetric);
+                          WeightFormat format = WeightFormat::int4_symmetric,
+                          bool act_order = false);
 
 struct Routing {
   std::vector<int32_t> ids;    // [T, K]
