@@ -195,12 +195,7 @@ std::vector<int32_t> HfLayer::load_gptq_rows(int which, int64_t e, uint8_t* nibb
   const std::string qzeros = tensor_name(e, which, "qzeros");
   const uint8_t* qz = require(qzeros, DType::i32, {groups, words}).data();
   const std::string scale_name = tensor_name(e, which, "scales");
-  if (!has(scale_name)) fail(cat("tensor '", scale_name, "' is missing"));
-  const TensorEntry& se = entry(scale_name);
-  if (!detail::is_float_dtype(se.dtype) || se.shape != std::vector<int64_t>{groups, rows})
-    fail(cat("tensor '", scale_name, "' must be F16, BF16 or F32 ",
-             shape_string(std::vector<int64_t>{groups, rows}), ", got ",
-             safetensors_dtype_name(se.dtype), " ", shape_string(se.shape)));
+  const TensorEntry& se = require_float(scale_name, {groups, rows});
   if (se.dtype != scale_dtype && scale_dtype != DType::f32)
     fail(cat("tensor '", scale_name, "' is ", safetensors_dtype_name(se.dtype),
              " but expert 0's scales are ", dtype_name(scale_dtype)));

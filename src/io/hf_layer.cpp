@@ -332,6 +332,16 @@ std::span<const uint8_t> HfLayer::require(const std::string& name, DType dtype,
   return bytes(name);
 }
 
+const TensorEntry& HfLayer::require_float(const std::string& name,
+                                          const std::vector<int64_t>& shape) const {
+  if (!has(name)) fail(cat("tensor '", name, "' is missing"));
+  const TensorEntry& t = entry(name);
+  if (!detail::is_float_dtype(t.dtype) || t.shape != shape)
+    fail(cat("tensor '", name, "' must be F16, BF16 or F32 ", shape_string(shape), ", got ",
+             safetensors_dtype_name(t.dtype), " ", shape_string(t.shape)));
+  return t;
+}
+
 // GPTQ / AWQ: expert 0's tensors against config.json's sizes and the quantization_config's group
 // size, the last expert's presence, the scales' dtypes (gptq_scheme.hpp for the layouts).
 void HfLayer::check_gptq_modules() {
@@ -357,12 +367,7 @@ void HfLayer::check_gptq_modules() {
         w, DType::i32,
         gptq_.awq ? std::vector<int64_t>{cols, rows / 8} : std::vector<int64_t>{cols / 8, rows});
     require(tensor_name(0, i, "qzeros"), DType::i32, {groups, rows / 8});
-    if (!has(s)) fail(cat("tensor '", s, "' is missing"));
-    const TensorEntry& se = entry(s);
-    if (!detail::is_float_dtype(se.dtype) || se.shape != std::vector<int64_t>{groups, rows})
-      fail(cat("tensor '", s, "' must be F16, BF16 or F32 ",
-               shape_string(std::vector<int64_t>{groups, rows}), ", got ",
-               safetensors_dtype_name(se.dtype), " ", shape_string(se.shape)));
+    const TensorEntry& se = require_float(s, {groups, rows});
     scale_dtype[i] = se.dtype;
     const std::string last = tensor_name(E - 1, i, "qweight");
     if (!has(last))

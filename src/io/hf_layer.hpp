@@ -80,6 +80,9 @@ class HfLayer final : public LayerSource {
   // A tensor's bytes after checking its dtype and shape; Error naming it otherwise.
   std::span<const uint8_t> require(const std::string& name, DType dtype,
                                    const std::vector<int64_t>& shape) const;
+  // The same for a float tensor of any float dtype.
+  const TensorEntry& require_float(const std::string& name,
+                                   const std::vector<int64_t>& shape) const;
   const TensorEntry& entry(const std::string& name) const { return tensors_.entry(name); }
   std::span<const uint8_t> bytes(const std::string& name) const { return tensors_.bytes(name); }
 
