@@ -65,6 +65,13 @@ inline std::string exact_error(const std::string& path, int layer,
   return error_of([&] { w4a8moe::io::open_layer(path, layer, options); });
 }
 
+// Layer `layer` of `path` opened with require_exact set (what `layer --exact` asks for).
+inline std::unique_ptr<w4a8moe::io::LayerSource> open_exact(const std::string& path, int layer) {
+  w4a8moe::io::LoadOptions options;
+  options.require_exact = true;
+  return w4a8moe::io::open_layer(path, layer, options);
+}
+
 // Every expert as loaded: int4 values [E, 2I, H] / [E, H, I], scales as floats, biases.
 struct Loaded {
   std::vector<int8_t> w13, w2;

@@ -160,9 +160,7 @@ TEST(CompressedTensors, ZeroPointsReadBackExactlyAndRun) {
                   .asymmetric = true};
       CtModel c = make_ct(spec);
       c.writer.write(dir / "ckpt");
-      io::LoadOptions exact;
-      exact.require_exact = true;
-      const auto source = io::open_layer(dir / "ckpt", 0, exact);
+      const auto source = open_exact(dir / "ckpt", 0);
       const io::LayerInfo& info = source->info();
       EXPECT_EQ(info.w13_format, WeightFormat::int4_zero_point);
       EXPECT_EQ(info.w2_format, WeightFormat::int4_zero_point);
@@ -244,9 +242,7 @@ TEST(CompressedTensors, GptOssMxfp4Experts) {
   CtModel c = make_ct(spec);
   c.writer.write(dir / "ckpt");
   // taken exactly (WeightFormat::mxfp4), also where --exact is asked for
-  io::LoadOptions exact;
-  exact.require_exact = true;
-  const auto source = io::open_layer(dir / "ckpt", 0, exact);
+  const auto source = open_exact(dir / "ckpt", 0);
   const io::LayerInfo& info = source->info();
   EXPECT_EQ(info.w13_format, WeightFormat::mxfp4);
   EXPECT_EQ(info.w2_format, WeightFormat::mxfp4);

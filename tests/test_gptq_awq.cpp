@@ -73,9 +73,7 @@ TEST(GptqAwq, ReadBackExactlyAndRun) {
     if (*c.format != '\0') spec.gptq_format = c.format;
     const CtModel m = make_ct(spec);
     m.writer.write(dir / "ckpt");
-    io::LoadOptions exact;
-    exact.require_exact = true;
-    const auto source = io::open_layer(dir / "ckpt", 0, exact);
+    const auto source = open_exact(dir / "ckpt", 0);
     const io::LayerInfo& info = source->info();
     const bool zero_points = c.asymmetric;
     EXPECT_EQ(info.w13_format,
@@ -176,9 +174,7 @@ TEST(GptqAwq, ActOrderRunsAsTheFileSays) {
                                      .asymmetric = asymmetric,
                                      .act_order = true});
     m.writer.write(dir / "ckpt");
-    io::LoadOptions exact;
-    exact.require_exact = true;
-    const auto source = io::open_layer(dir / "ckpt", 0, exact);
+    const auto source = open_exact(dir / "ckpt", 0);
     EXPECT_TRUE(source->info().w13_input_order);
     ASSERT_FALSE(source->info().notes.empty());
     EXPECT_THAT(source->info().notes.back(), HasSubstr("act-order"));

@@ -263,8 +263,8 @@ std::vector<int32_t> HfLayer::group_order(int which, int64_t e, const char* g_id
   if (!has(name)) return {};
   const TensorEntry& t = entry(name);
   if ((t.dtype != DType::i32 && t.dtype != DType::i64) || t.shape != std::vector<int64_t>{cols})
-    fail(cat("tensor '", name, "' must be I32 ", shape_string(std::vector<int64_t>{cols}), ", got ",
-             safetensors_dtype_name(t.dtype), " ", shape_string(t.shape)));
+    fail(cat("tensor '", name, "' must be I32 or I64 ", shape_string(std::vector<int64_t>{cols}),
+             ", got ", safetensors_dtype_name(t.dtype), " ", shape_string(t.shape)));
   const uint8_t* gi = bytes(name).data();
   std::vector<int64_t> count(static_cast<size_t>(groups), 0);
   bool trivial = true;
