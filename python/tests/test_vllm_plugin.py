@@ -1,0 +1,39 @@
+"""The vLLM plugin's own checks, without starting an engine (the engine tests are
+test_vllm_engine.py): the supported-version gate and the W4A8MOE_VLLM setting."""
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM (scripts/vllm-env.sh venv) missing")
+
+from w4a8moe import vllm_plugin  # noqa: E402
+
+
+@pytest.mark.parametrize("version", ["0.31.2", "0.33.0", "1.0.0", "0.9.1+cpu"])
+def test_unsupported_vllm_version_is_refused_with_both_versions(version):
+    with pytest.raises(RuntimeError) as e:
+        vllm_plugin.check_vllm_version(version)
+    low, high = vllm_plugin.SUPPORTED_VLLM
+    assert f"vLLM {version} is not supported" in str(e.value)
+    assert f">= {low}, < {high}" in str(e.value) and "W4A8MOE_VLLM=off" in str(e.value)
+
+
+@pytest.mark.parametrize("version", ["0.32.0", "0.32.1", "0.32.0+cpu", "0.32.2.dev3"])
+def test_supported_vllm_versions_pass(version):
+    vllm_plugin.check_vllm_version(version)
+
+
+def test_setting_other_than_auto_or_off_is_refused(monkeypatch):
+    monkeypatch.setenv("W4A8MOE_VLLM", "yes")
+    with pytest.raises(ValueError, match="W4A8MOE_VLLM: expected 'auto' or 'off', got 'yes'"):
+        vllm_plugin.register()
+
+
+def test_off_leaves_vllm_untouched(monkeypatch):
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (
+        compressed_tensors_moe_w4a8_int8 as method_module,
+    )
+
+    monkeypatch.setenv("W4A8MOE_VLLM", "off")
+    before = method_module.select_w4a8_int8_moe_backend
+    vllm_plugin.register()
+    assert method_module.select_w4a8_int8_moe_backend is before

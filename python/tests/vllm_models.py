@@ -1,0 +1,196 @@
+"""Tiny W4A8 MoE checkpoints for the vLLM engine tests, written by compressed-tensors' own
+compressor, and their float reference in Hugging Face transformers.
+
+make_checkpoint() writes a folder vLLM loads: a transformers config (Qwen3-MoE or Mixtral with
+small sizes), random weights whose activations are of order one, and the experts' gate, up and
+down projections quantized with compressed-tensors' W4A8 scheme (int4 symmetric weights,
+grouped or channel-wise; dynamic per-token int8 activations): scales from its
+calculate_qparams, the weights put on its grid by its fake_quantize, then its ModelCompressor
+compresses (int-quantized: int4 values in int8 `weight` tensors; pack-quantized: eight values a
+word in `weight_packed`) and writes the quantization_config. The experts' weights are the
+checkpoints' per-expert Linear modules (model.layers.L.mlp.experts.E.gate_proj, Mixtral's
+block_sparse_moe.experts.E.w1/w3/w2), as llm-compressor writes them.
+
+reference_logits() runs the same model in transformers, in float32, with the experts' weights
+the fake-quantized (dequantized) ones: what the checkpoint means, without int8 activations.
+"""
+
+import json
+import math
+import os
+
+import torch
+
+FAMILIES = ("qwen3_moe", "mixtral")
+
+
+def config_of(family, *, hidden=256, intermediate=128, experts=8, top_k=2, layers=2, vocab=256):
+    from transformers import MixtralConfig, Qwen3MoeConfig
+
+    common = dict(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                  max_position_embeddings=256, tie_word_embeddings=False, rms_norm_eps=1e-6)
+    if family == "qwen3_moe":
+        return Qwen3MoeConfig(moe_intermediate_size=intermediate, intermediate_size=2 * hidden,
+                              num_experts=experts, num_experts_per_tok=top_k,
+                              norm_topk_prob=True, decoder_sparse_step=1, **common)
+    if family == "mixtral":
+        return MixtralConfig(intermediate_size=intermediate, num_local_experts=experts,
+                             num_experts_per_tok=top_k, **common)
+    raise ValueError(f"family: expected one of {FAMILIES}, got {family}")
+
+
+def _model_class(family):
+    from transformers import MixtralForCausalLM, Qwen3MoeForCausalLM
+
+    return {"qwen3_moe": Qwen3MoeForCausalLM, "mixtral": MixtralForCausalLM}[family]
+
+
+def _expert_names(family, layer, expert):
+    """The checkpoint's (gate, up, down) module names of one expert."""
+    if family == "qwen3_moe":
+        base = f"model.layers.{layer}.mlp.experts.{expert}"
+        return f"{base}.gate_proj", f"{base}.up_proj", f"{base}.down_proj"
+    base = f"model.layers.{layer}.block_sparse_moe.experts.{expert}"
+    return f"{base}.w1", f"{base}.w3", f"{base}.w2"
+
+
+def _router_name(family, layer):
+    return (f"model.layers.{layer}.mlp.gate" if family == "qwen3_moe"
+            else f"model.layers.{layer}.block_sparse_moe.gate")
+
+
+class _Tree(torch.nn.Module):
+    """nn.Linear modules at dotted names (the experts as the checkpoint names them)."""
+
+    def __init__(self, shapes):
+        super().__init__()
+        for name, (out, inp) in shapes.items():
+            parent = self
+            *path, leaf = name.split(".")
+            for part in path:
+                if not hasattr(parent, part):
+                    parent.add_module(part, torch.nn.Module())
+                parent = getattr(parent, part)
+            parent.add_module(leaf, torch.nn.Linear(inp, out, bias=False))
+
+
+def make_checkpoint(folder, family="qwen3_moe", *, strategy="group", group_size=32,
+                    fmt="int-quantized", seed=0, float_folder=None, **sizes):
+    """Writes the checkpoint; returns the float32 transformers model it means (the reference).
+    float_folder: also write the same model unquantized (the experts' dequantized weights in
+    float32, no quantization_config), which vLLM runs in bfloat16 to give the error floor."""
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig,
+                                                 QuantizationScheme, apply_quantization_config)
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+    from compressed_tensors.quantization.utils import calculate_qparams
+    from safetensors.torch import save_file
+
+    config = config_of(family, **sizes)
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    model = _model_class(family)(config).float().eval()
+    H = config.hidden_size
+    I = config.moe_intermediate_size if family == "qwen3_moe" else config.intermediate_size
+    E = config.num_experts if family == "qwen3_moe" else config.num_local_experts
+    L = config.num_hidden_layers
+
+    # Order-one activations: unit-gain projections, the embedding of unit rows.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
+            if name.endswith("embed_tokens.weight"):
+                p.copy_(torch.randn(p.shape, generator=gen))
+
+    shapes = {}
+    for layer in range(L):
+        for e in range(E):
+            gate, up, down = _expert_names(family, layer, e)
+            shapes.update({gate: (I, H), up: (I, H), down: (H, I)})
+    tree = _Tree(shapes)
+    with torch.no_grad():
+        for module in tree.modules():
+            if isinstance(module, torch.nn.Linear):
+                w = torch.randn(module.weight.shape, generator=gen) * 1.5 / math.sqrt(
+                    module.weight.shape[1])
+                module.weight.copy_(w)
+
+    weights = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy=strategy,
+                               group_size=group_size if strategy == "group" else None)
+    acts = QuantizationArgs(num_bits=8, type="int", symmetric=True, strategy="token",
+                            dynamic=True)
+    targets = [r"re:.*experts\.\d+\.(gate_proj|up_proj|down_proj|w1|w2|w3)$"]
+    qconfig = QuantizationConfig(
+        config_groups={"group_0": QuantizationScheme(targets=targets, weights=weights,
+                                                     input_activations=acts)},
+        format=fmt, ignore=["lm_head"])
+    apply_quantization_config(tree, qconfig)
+    plain = {}
+    for name, module in tree.named_modules():
+        if not hasattr(module, "weight_scale"):
+            continue
+        w = module.weight.data
+        if strategy == "group":
+            g = w.reshape(w.shape[0], -1, group_size)
+            lo, hi = g.amin(-1), g.amax(-1)
+        else:
+            lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
+        scale, zero_point = calculate_qparams(lo, hi, weights)
+        # bfloat16 scales (as the checkpoint stores them), so the reference uses the same ones
+        module.weight_scale.data.copy_(scale.to(torch.bfloat16).to(module.weight_scale.dtype))
+        module.weight.data.copy_(fake_quantize(w, module.weight_scale, zero_point, weights))
+        plain[name] = module.weight.data.clone()
+    assert len(plain) == 3 * E * L, f"compressed-tensors quantized {len(plain)} of {3 * E * L}"
+    compressor = ModelCompressor.from_pretrained_model(tree, quantization_format=fmt)
+    compressor.compress_model(tree)
+    expert_state = {k: v.contiguous() for k, v in tree.state_dict().items()}
+
+    # The reference: transformers' fused experts from the same dequantized weights.
+    with torch.no_grad():
+        for layer in range(L):
+            block = model.model.layers[layer].mlp
+            for e in range(E):
+                gate, up, down = (plain[n] for n in _expert_names(family, layer, e))
+                block.experts.gate_up_proj[e].copy_(torch.cat([gate, up]))
+                block.experts.down_proj[e].copy_(down)
+
+    state = {}
+    for name, t in model.state_dict().items():
+        if ".experts." in name:
+            continue
+        if family == "mixtral":
+            name = name.replace(".mlp.", ".block_sparse_moe.")
+        state[name] = t.to(torch.bfloat16).contiguous()
+    for name, t in expert_state.items():
+        state[name] = t.to(torch.bfloat16) if t.is_floating_point() else t
+    config.architectures = [_model_class(family).__name__]
+    os.makedirs(folder, exist_ok=True)
+    save_file(state, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    config.save_pretrained(folder)
+    compressor.update_config(folder)
+    if float_folder is not None:
+        dense = {k: v for k, v in state.items() if ".experts." not in k}
+        dense.update({f"{name}.weight": w.contiguous() for name, w in plain.items()})
+        os.makedirs(float_folder, exist_ok=True)
+        save_file(dense, os.path.join(float_folder, "model.safetensors"),
+                  metadata={"format": "pt"})
+        config.save_pretrained(float_folder)
+    # Non-expert weights are saved in bfloat16; the reference uses the same rounded values.
+    with torch.no_grad():
+        for name, t in model.state_dict().items():
+            if ".experts." not in name:
+                t.copy_(t.to(torch.bfloat16).float())
+    return model
+
+
+def quantization_config(folder):
+    with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+        return json.load(f)["quantization_config"]
+
+
+def reference_logits(model, prompt):
+    """The float32 logits of the next token at each position of `prompt` (token ids): [n, V]."""
+    with torch.no_grad():
+        return model(torch.tensor([prompt])).logits[0].double()
