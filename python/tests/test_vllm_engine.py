@@ -68,17 +68,18 @@ def swap_gate_up(model, layer):
 
     wrong = copy.deepcopy(model)
     with torch.no_grad():
-        w = wrong.model.layers[layer].mlp.experts.gate_up_proj
+        w, _ = vllm_models.experts_of(wrong, layer)
         half = w.shape[1] // 2
-        w.copy_(torch.cat([w[:, half:], w[:, :half]], dim=1))
+        w.copy_(torch.cat([w[:, half:], w[:, :half]], dim=1).clone())
     return wrong
 
 
 CASES = [
-    # (family, strategy, group size)
+    # (family, strategy, group size); Llama 4: top-1, the router weight on the input
     ("qwen3_moe", "group", 32),
     ("qwen3_moe", "channel", None),
     ("mixtral", "group", 64),
+    ("llama4", "group", 32),
 ]
 
 
@@ -101,6 +102,8 @@ def test_engine_runs_w4a8_moe_through_w4a8moe(family, strategy, group_size, tmp_
     assert len(packs) == 2, trace  # both MoE layers
     assert all(p[1:5] == ["256", "128", "8", str(g)] and p[5] == "silu" for p in packs), packs
     assert len(forwards) >= 2 * 4, trace  # prefill and decode steps of both layers
+    on_input = "1" if family == "llama4" else "0"
+    assert all(line.split()[3] == on_input for line in forwards), forwards
     assert "runs through w4a8moe" in log
     assert "No W4A8 Int8 MoE backend" not in log and "refused by w4a8moe" not in log
 

@@ -21,7 +21,7 @@ import os
 
 import torch
 
-FAMILIES = ("qwen3_moe", "mixtral")
+FAMILIES = ("qwen3_moe", "mixtral", "llama4")
 
 
 def config_of(family, *, hidden=256, intermediate=128, experts=8, top_k=2, layers=2, vocab=256):
@@ -37,27 +37,50 @@ def config_of(family, *, hidden=256, intermediate=128, experts=8, top_k=2, layer
     if family == "mixtral":
         return MixtralConfig(intermediate_size=intermediate, num_local_experts=experts,
                              num_experts_per_tok=top_k, **common)
+    if family == "llama4":  # top-1, sigmoid router weight applied to the input, a shared expert
+        from transformers import Llama4TextConfig
+
+        return Llama4TextConfig(intermediate_size=intermediate, intermediate_size_mlp=2 * hidden,
+                                num_local_experts=experts, num_experts_per_tok=1,
+                                interleave_moe_layer_step=1, **common)
     raise ValueError(f"family: expected one of {FAMILIES}, got {family}")
 
 
 def _model_class(family):
-    from transformers import MixtralForCausalLM, Qwen3MoeForCausalLM
+    from transformers import Llama4ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM
 
-    return {"qwen3_moe": Qwen3MoeForCausalLM, "mixtral": MixtralForCausalLM}[family]
+    return {"qwen3_moe": Qwen3MoeForCausalLM, "mixtral": MixtralForCausalLM,
+            "llama4": Llama4ForCausalLM}[family]
+
+
+def moe_block(model, layer):
+    decoder = model.model.layers[layer]
+    return decoder.feed_forward if hasattr(decoder, "feed_forward") else decoder.mlp
+
+
+def experts_of(model, layer):
+    """transformers' fused experts of a layer as (gate_up [E, 2I, H], down [E, H, I]) views
+    (Llama 4 stores them transposed, for x @ W)."""
+    experts = moe_block(model, layer).experts
+    if isinstance(model.config, _llama4_config()):
+        return experts.gate_up_proj.transpose(1, 2), experts.down_proj.transpose(1, 2)
+    return experts.gate_up_proj, experts.down_proj
+
+
+def _llama4_config():
+    from transformers import Llama4TextConfig
+
+    return Llama4TextConfig
 
 
 def _expert_names(family, layer, expert):
     """The checkpoint's (gate, up, down) module names of one expert."""
-    if family == "qwen3_moe":
-        base = f"model.layers.{layer}.mlp.experts.{expert}"
+    if family in ("qwen3_moe", "llama4"):
+        block = "mlp" if family == "qwen3_moe" else "feed_forward"
+        base = f"model.layers.{layer}.{block}.experts.{expert}"
         return f"{base}.gate_proj", f"{base}.up_proj", f"{base}.down_proj"
     base = f"model.layers.{layer}.block_sparse_moe.experts.{expert}"
     return f"{base}.w1", f"{base}.w3", f"{base}.w2"
-
-
-def _router_name(family, layer):
-    return (f"model.layers.{layer}.mlp.gate" if family == "qwen3_moe"
-            else f"model.layers.{layer}.block_sparse_moe.gate")
 
 
 class _Tree(torch.nn.Module):
@@ -94,6 +117,7 @@ def make_checkpoint(folder, family="qwen3_moe", *, strategy="group", group_size=
     H = config.hidden_size
     I = config.moe_intermediate_size if family == "qwen3_moe" else config.intermediate_size
     E = config.num_experts if family == "qwen3_moe" else config.num_local_experts
+    # Llama 4's shared expert is a dense MLP of the same width: unquantized, as the targets say
     L = config.num_hidden_layers
 
     # Order-one activations: unit-gain projections, the embedding of unit rows.
@@ -150,11 +174,11 @@ def make_checkpoint(folder, family="qwen3_moe", *, strategy="group", group_size=
     # The reference: transformers' fused experts from the same dequantized weights.
     with torch.no_grad():
         for layer in range(L):
-            block = model.model.layers[layer].mlp
+            gate_up, down_all = experts_of(model, layer)
             for e in range(E):
                 gate, up, down = (plain[n] for n in _expert_names(family, layer, e))
-                block.experts.gate_up_proj[e].copy_(torch.cat([gate, up]))
-                block.experts.down_proj[e].copy_(down)
+                gate_up[e].copy_(torch.cat([gate, up]))
+                down_all[e].copy_(down)
 
     state = {}
     for name, t in model.state_dict().items():

@@ -15,7 +15,8 @@ grouped, with dynamic per-token int8 activations: CompressedTensorsW4A8Int8MoEMe
     biases once with w4a8moe.pack (scales as vLLM holds them: bfloat16 grouped, float32
     channel-wise), and frees the unpacked tensors as vLLM does;
   * forward: vLLM's CPU router picks the experts from the router logits (as vLLM's CPU int4
-    experts do), then torch.ops.w4a8moe.dynamic_4bit_int_moe_ex runs the layer, with vLLM's
+    experts do, with the layer's custom routing function when it has one: Llama 4's sigmoid
+    top-1), then torch.ops.w4a8moe.dynamic_4bit_int_moe_ex runs the layer, with vLLM's
     activation (silu, swigluoai with its alpha and limit, gelu, gelu_tanh, swiglustep),
     apply_router_weight_on_input and the model's biases.
 
@@ -23,7 +24,7 @@ Settings (environment variables, read in each vLLM process):
   W4A8MOE_VLLM        "auto" (default): as above; "off": the plugin does nothing.
   W4A8MOE_VLLM_TRACE  a file path: each process appends one line per layer packed
                       ("pack <H> <I> <E> <group> <activation> <kernel set>") and per forward
-                      call ("forward <tokens>"), so that a test or a user can see that w4a8moe
+                      call ("forward <tokens> <1 if the router weight is on the input>"), so that a test or a user can see that w4a8moe
                       ran; off when unset (no cost).
 
 Supported vLLM versions: SUPPORTED_VLLM below (also the `vllm` extra of the package). Another
@@ -157,6 +158,11 @@ def _make_experts_class():
         """vLLM's CPU int4 W4A8 experts contract (monolithic: router logits in), run by
         w4a8moe on any CPU w4a8moe.is_supported_config accepts."""
 
+        # The layer's custom_routing_function (Llama 4: sigmoid of the top-1 logit), set on a
+        # subclass per layer by _pack_layer: the monolithic call does not pass it, and
+        # FusedMoEConfig.routing_method says Default for such layers.
+        routing_function = None
+
         @staticmethod
         def is_supported_config(cls, moe_config, weight_key, activation_key, activation_format):
             if not current_platform.is_cpu():
@@ -214,6 +220,7 @@ def _make_experts_class():
 
             config = self.moe_config
             topk_weights, topk_ids = select_experts(
+                custom_routing_function=type(self).routing_function,
                 hidden_states=hidden_states,
                 router_logits=router_logits,
                 use_grouped_topk=num_expert_group is not None,
@@ -230,7 +237,7 @@ def _make_experts_class():
             name = getattr(activation, "value", activation)
             alpha = config.swiglu_alpha if config.swiglu_alpha is not None else 1.702
             limit = config.swiglu_limit if config.swiglu_limit is not None else 7.0
-            _trace(f"forward {hidden_states.shape[0]}")
+            _trace(f"forward {hidden_states.shape[0]} {int(bool(apply_router_weight_on_input))}")
             block = self.quant_config.block_shape  # [-1, 1] channel-wise, [1, g] grouped
             group = -1 if list(block) == [-1, 1] else int(block[1])
             return w4a8moe.ops.dynamic_4bit_int_moe_ex(
@@ -333,9 +340,14 @@ def _pack_layer(method, layer, method_module) -> None:
     info = w4a8moe.packed_info(w13_packed)
     _trace(f"pack {info.cols} {info.rows // 2} {info.experts} {info.group_size} {name} "
            f"{w4a8moe.active_kernel_set()}")
+    experts_cls = method.experts_cls
+    routing = getattr(layer, "custom_routing_function", None)
+    if routing is not None:
+        experts_cls = type(experts_cls.__name__, (experts_cls,),
+                           {"routing_function": staticmethod(routing)})
     quant_config = method.get_fused_moe_quant_config(layer)
     method.moe_kernel = method_module.make_w4a8_int8_moe_kernel(
-        moe_quant_config=quant_config, moe_config=method.moe, experts_cls=method.experts_cls,
+        moe_quant_config=quant_config, moe_config=method.moe, experts_cls=experts_cls,
         routing_tables=layer._expert_routing_tables())
 
 
