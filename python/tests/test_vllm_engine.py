@@ -75,22 +75,24 @@ def swap_gate_up(model, layer):
 
 
 CASES = [
-    # (family, strategy, group size); Llama 4: top-1, the router weight on the input
-    ("qwen3_moe", "group", 32),
-    ("qwen3_moe", "channel", None),
-    ("mixtral", "group", 64),
-    ("llama4", "group", 32),
+    # (family, strategy, group size, format); Llama 4: top-1, the router weight on the input
+    ("qwen3_moe", "group", 32, "int-quantized"),
+    ("qwen3_moe", "channel", None, "int-quantized"),
+    ("mixtral", "group", 64, "int-quantized"),
+    ("llama4", "group", 32, "int-quantized"),
+    ("qwen3_moe", "group", 128, "pack-quantized"),
 ]
 
 
-@pytest.mark.parametrize("family,strategy,group_size", CASES,
-                         ids=[f"{f}-{s if g is None else f'g{g}'}" for f, s, g in CASES])
-def test_engine_runs_w4a8_moe_through_w4a8moe(family, strategy, group_size, tmp_path):
+@pytest.mark.parametrize("family,strategy,group_size,fmt", CASES,
+                         ids=[f"{f}-{s if g is None else f'g{g}'}-{m.split('-')[0]}"
+                              for f, s, g, m in CASES])
+def test_engine_runs_w4a8_moe_through_w4a8moe(family, strategy, group_size, fmt, tmp_path):
     folder, dense = tmp_path / "w4a8", tmp_path / "dense"
     model = vllm_models.make_checkpoint(str(folder), family, strategy=strategy,
-                                        group_size=group_size, float_folder=str(dense))
+                                        group_size=group_size, fmt=fmt, float_folder=str(dense))
     config = vllm_models.quantization_config(str(folder))
-    assert config["format"] == "int-quantized"
+    assert config["format"] == fmt
     weights = config["config_groups"]["group_0"]["weights"]
     assert (weights["num_bits"], weights["strategy"]) == (4, strategy)
 
@@ -120,7 +122,7 @@ def test_engine_runs_w4a8_moe_through_w4a8moe(family, strategy, group_size, tmp_
     floor = relative_rms(centred(floor_result["logprobs"]), reference).median().item()
     bound = floor + INT8_ACTIVATIONS
     wrong = relative_rms(centred(result["logprobs"]), reference_of(swap_gate_up(model, 1)))
-    print(f"{family} {strategy} g{g}: w4a8moe median {ours.median().item():.4f} (max "
+    print(f"{family} {strategy} g{g} {fmt}: w4a8moe median {ours.median().item():.4f} (max "
           f"{ours.max().item():.4f}), bf16 floor {floor:.4f}, bound {bound:.4f}, against the "
           f"swapped reference {wrong.median().item():.4f}")
     assert ours.shape[0] == len(PROMPT)

@@ -294,6 +294,8 @@ def _patch_compressed_tensors_w4a8() -> None:
             # so a scale missing from the file would stay 1; NaN makes _pack_layer see it.
             for name in ("w13_weight_scale", "w2_weight_scale"):
                 getattr(layer, name).data.fill_(float("nan"))
+            if _checkpoint_format(layer) == "pack-quantized":
+                _create_packed_weights(layer, method_module, kwargs)
 
     def process_weights_after_loading(self, layer) -> None:
         if self.experts_cls is not _experts_class():
@@ -306,9 +308,68 @@ def _patch_compressed_tensors_w4a8() -> None:
     method_cls.process_weights_after_loading = process_weights_after_loading
 
 
+def _checkpoint_format(layer) -> str:
+    """The compressed-tensors format of the layer's experts ("int-quantized", or
+    "pack-quantized": eight int4 values an int32 word)."""
+    from vllm.config import get_current_vllm_config
+
+    config = get_current_vllm_config().quant_config
+    name = f"{layer.layer_name}.0.{layer.ckpt_gate_proj_name}"
+    scheme = config.get_scheme_dict(layer, name) or {}
+    return scheme.get("format") or getattr(config, "quant_format", "") or ""
+
+
+def _create_packed_weights(layer, method_module, weight_attrs) -> None:
+    """vLLM's W4A8 method registers int8 `weight` tensors only (int-quantized); a
+    pack-quantized file holds `weight_packed` int32 [N, K/8] (value k in bits 4 (k % 8) of
+    word k/8, offset by 8) and `weight_shape`: these take their place (vLLM's own
+    placeholders of those names are for its packed output) and _pack_layer unpacks them."""
+    E, two_i, H = layer.w13_weight.shape
+    I = layer.w2_weight.shape[2]
+    attrs = dict(weight_attrs, is_transposed=False)
+    nothing = torch.nn.Parameter(torch.empty(0, dtype=torch.int8), requires_grad=False)
+    method_module.replace_parameter(layer, "w13_weight", nothing)
+    method_module.replace_parameter(layer, "w2_weight", nothing)
+    for name, shape, dtype in (("w13_weight_packed", (E, two_i, H // 8), torch.int32),
+                               ("w2_weight_packed", (E, H, I // 8), torch.int32),
+                               ("w13_weight_shape", (E, 2), torch.float32),
+                               ("w2_weight_shape", (E, 2), torch.float32)):
+        if hasattr(layer, name):
+            delattr(layer, name)
+        param = torch.nn.Parameter(torch.zeros(shape, dtype=dtype), requires_grad=False)
+        layer.register_parameter(name, param)
+        method_module.set_weight_attrs(param, attrs)
+    layer.w4a8moe_packed_input = True
+
+
+def _unpack_int32(words: torch.Tensor) -> torch.Tensor:
+    """[..., K/8] int32 words -> [..., K] int8 int4 values (compressed-tensors' packing)."""
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=words.device)
+    nibbles = (words.unsqueeze(-1) >> shifts) & 0xF
+    return (nibbles.flatten(-2) - 8).to(torch.int8)
+
+
 def _pack_layer(method, layer, method_module) -> None:
     """What vLLM's W4A8 method does after loading, with w4a8moe's packing and experts."""
     import w4a8moe
+
+    if getattr(layer, "w4a8moe_packed_input", False):
+        E, two_i = layer.w13_weight_packed.shape[:2]
+        H = layer.w2_weight_packed.shape[1]
+        # weight_shape is each projection's [out, in]: gate's and up's land in one slot
+        for role, rows, cols in (("w13", two_i // 2, H),
+                                 ("w2", H, layer.w2_weight_packed.shape[2] * 8)):
+            shape = getattr(layer, f"{role}_weight_shape").data
+            bad = (shape != torch.tensor([rows, cols], dtype=shape.dtype)).any(1)
+            if bad.any():
+                raise ValueError(
+                    f"{layer.layer_name}: {role} weight_shape of expert(s) "
+                    f"{bad.nonzero().flatten().tolist()}: expected [{rows}, {cols}] (a "
+                    f"projection's [out, in]), got {shape[bad][0].tolist()}")
+        w13 = _unpack_int32(layer.w13_weight_packed.data)
+        w2 = _unpack_int32(layer.w2_weight_packed.data)
+    else:
+        w13, w2 = layer.w13_weight.data, layer.w2_weight.data
 
     name = getattr(method.moe.activation, "value", method.moe.activation)
     _, layout = _ACTIVATIONS[name]
@@ -323,7 +384,7 @@ def _pack_layer(method, layer, method_module) -> None:
     bias13 = layer.w13_bias if method.has_bias else None
     bias2 = layer.w2_bias if method.has_bias else None
     w13_packed, w2_packed = w4a8moe.pack(
-        layer.w13_weight.data, layer.w2_weight.data, layer.w13_weight_scale.data,
+        w13, w2, layer.w13_weight_scale.data,
         layer.w2_weight_scale.data, method.group_size,
         None if bias13 is None else bias13.data.float(),
         None if bias2 is None else bias2.data.float(),
@@ -334,6 +395,9 @@ def _pack_layer(method, layer, method_module) -> None:
     replace(layer, "w2_weight_packed", torch.nn.Parameter(w2_packed, requires_grad=False))
     for raw in ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale"):
         replace(layer, raw, torch.nn.Parameter(nothing, requires_grad=False))
+    for raw in ("w13_weight_shape", "w2_weight_shape"):
+        if hasattr(layer, raw):
+            delattr(layer, raw)
     if method.has_bias:  # packed with the weights; the layer keeps none
         for raw in ("w13_bias", "w2_bias"):
             replace(layer, raw, torch.nn.Parameter(nothing, requires_grad=False))
