@@ -48,7 +48,7 @@ vllm_stage() {
   (cd /tmp && W4A8MOE_CLI="$repo/build-test/w4a8moe" \
      "$venv/bin/python" -m pytest -q -p no:cacheprovider "$repo/python/tests/test_vllm_engine.py" \
      "$repo/python/tests/test_vllm_plugin.py" "$repo/python/tests/test_vllm_dropin.py" \
-     "$repo/python/tests/test_vllm_quantized.py")
+     "$repo/python/tests/test_vllm_quantized.py" "$repo/python/tests/test_vllm_packers.py")
   echo "== vLLM stage: $((SECONDS - start)) s =="
 }
 vllm_stage
