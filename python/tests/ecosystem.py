@@ -63,3 +63,27 @@ def float_moe(x, topk_ids, topk_weights, gate, up, down, act=torch.nn.functional
             y = down[e].double() @ h
             out[t] += y if on_input else r * y
     return out
+
+
+def quantize_with_qparams(module, args, strategy, group_size, scale_dtype=None):
+    """compressed-tensors' qparams for one module it attached a scheme to: scales (and zero
+    points, where the module has them) from calculate_qparams over each group's or row's range
+    (scales first rounded to scale_dtype when given), then the weight put on the int4 grid by
+    fake_quantize. Returns that weight (what the checkpoint will mean)."""
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    w = module.weight.data
+    if strategy == "group":
+        g = w.reshape(w.shape[0], -1, group_size)
+        lo, hi = g.amin(-1), g.amax(-1)
+    else:
+        lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
+    scale, zero_point = calculate_qparams(lo, hi, args)
+    if scale_dtype is not None:
+        scale = scale.to(scale_dtype)
+    module.weight_scale.data.copy_(scale.to(module.weight_scale.dtype))
+    if hasattr(module, "weight_zero_point"):
+        module.weight_zero_point.data.copy_(zero_point)
+    module.weight.data.copy_(fake_quantize(w, module.weight_scale, zero_point, args))
+    return module.weight.data

@@ -36,10 +36,8 @@ from compressed_tensors.quantization import (  # noqa: E402
     QuantizationScheme,
     apply_quantization_config,
 )
-from compressed_tensors.quantization.lifecycle.forward import fake_quantize  # noqa: E402
-from compressed_tensors.quantization.utils import calculate_qparams  # noqa: E402
 
-from ecosystem import relative_rms, run_layer  # noqa: E402
+from ecosystem import quantize_with_qparams, relative_rms, run_layer  # noqa: E402
 
 H, I, E, T = 128, 64, 8, 24
 TOLERANCE = 3e-2  # relative RMS: the int8 activations' cost is 1-2% on these data
@@ -125,17 +123,8 @@ def quantize_with_compressed_tensors(model, plain, folder, strategy, group_size,
     for name, module in model.named_modules():
         if not hasattr(module, "weight_scale"):
             continue
-        w = module.weight.data
-        if strategy == "group":
-            g = w.reshape(w.shape[0], -1, group_size)
-            lo, hi = g.amin(-1), g.amax(-1)
-        else:
-            lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
-        scale, zero_point = calculate_qparams(lo, hi, args)
-        module.weight_scale.data.copy_(scale.to(module.weight_scale.dtype))
-        module.weight_zero_point.data.copy_(zero_point)
-        module.weight.data.copy_(fake_quantize(w, module.weight_scale, zero_point, args))
-        plain.get_submodule(name).weight.data.copy_(module.weight.data)
+        plain.get_submodule(name).weight.data.copy_(
+            quantize_with_qparams(module, args, strategy, group_size))
         quantized += 1
     assert quantized > 0, f"no module matched {targets}"
     compressor = ModelCompressor.from_pretrained_model(model, quantization_format="pack-quantized")

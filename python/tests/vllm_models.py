@@ -21,6 +21,8 @@ import os
 
 import torch
 
+from ecosystem import quantize_with_qparams
+
 FAMILIES = ("qwen3_moe", "mixtral", "llama4")
 
 
@@ -106,8 +108,6 @@ def make_checkpoint(folder, family="qwen3_moe", *, strategy="group", group_size=
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig,
                                                  QuantizationScheme, apply_quantization_config)
-    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
-    from compressed_tensors.quantization.utils import calculate_qparams
     from safetensors.torch import save_file
 
     config = config_of(family, **sizes)
@@ -155,17 +155,9 @@ def make_checkpoint(folder, family="qwen3_moe", *, strategy="group", group_size=
     for name, module in tree.named_modules():
         if not hasattr(module, "weight_scale"):
             continue
-        w = module.weight.data
-        if strategy == "group":
-            g = w.reshape(w.shape[0], -1, group_size)
-            lo, hi = g.amin(-1), g.amax(-1)
-        else:
-            lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
-        scale, zero_point = calculate_qparams(lo, hi, weights)
         # bfloat16 scales (as the checkpoint stores them), so the reference uses the same ones
-        module.weight_scale.data.copy_(scale.to(torch.bfloat16).to(module.weight_scale.dtype))
-        module.weight.data.copy_(fake_quantize(w, module.weight_scale, zero_point, weights))
-        plain[name] = module.weight.data.clone()
+        plain[name] = quantize_with_qparams(module, weights, strategy, group_size,
+                                            scale_dtype=torch.bfloat16).clone()
     assert len(plain) == 3 * E * L, f"compressed-tensors quantized {len(plain)} of {3 * E * L}"
     compressor = ModelCompressor.from_pretrained_model(tree, quantization_format=fmt)
     compressor.compress_model(tree)

@@ -34,7 +34,6 @@ docs/vllm.md tells a vLLM user how to install and serve.
 """
 
 import enum
-import logging
 import os
 import threading
 from typing import Optional, Tuple
@@ -44,7 +43,6 @@ import torch
 #: vLLM releases the plugin was tested with, as a half-open range [low, high).
 SUPPORTED_VLLM = ("0.32.0", "0.33.0")
 
-_logger = logging.getLogger("w4a8moe.vllm_plugin")
 _installed = False
 _install_lock = threading.Lock()
 
@@ -101,7 +99,7 @@ def register() -> None:
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
-        _logger.debug("w4a8moe: not vLLM's CPU platform; the plugin stays inactive")
+        _vllm_logger().debug("w4a8moe: not vLLM's CPU platform; the plugin stays inactive")
         return
     _install()
 
@@ -342,17 +340,12 @@ def _create_packed_weights(layer, method_module, weight_attrs) -> None:
     layer.w4a8moe_packed_input = True
 
 
-def _unpack_int32(words: torch.Tensor) -> torch.Tensor:
-    """[..., K/8] int32 words -> [..., K] int8 int4 values (compressed-tensors' packing)."""
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=words.device)
-    nibbles = (words.unsqueeze(-1) >> shifts) & 0xF
-    return (nibbles.flatten(-2) - 8).to(torch.int8)
-
-
 def _pack_layer(method, layer, method_module) -> None:
     """What vLLM's W4A8 method does after loading, with w4a8moe's packing and experts."""
     import w4a8moe
+    from w4a8moe.vllm import _unpack_cols
 
+    prefix = getattr(layer, "layer_name", type(layer).__name__)
     if getattr(layer, "w4a8moe_packed_input", False):
         E, two_i = layer.w13_weight_packed.shape[:2]
         H = layer.w2_weight_packed.shape[1]
@@ -363,17 +356,17 @@ def _pack_layer(method, layer, method_module) -> None:
             bad = (shape != torch.tensor([rows, cols], dtype=shape.dtype)).any(1)
             if bad.any():
                 raise ValueError(
-                    f"{layer.layer_name}: {role} weight_shape of expert(s) "
+                    f"{prefix}: {role} weight_shape of expert(s) "
                     f"{bad.nonzero().flatten().tolist()}: expected [{rows}, {cols}] (a "
                     f"projection's [out, in]), got {shape[bad][0].tolist()}")
-        w13 = _unpack_int32(layer.w13_weight_packed.data)
-        w2 = _unpack_int32(layer.w2_weight_packed.data)
+        # compressed-tensors packs along the inputs, low nibble first, values offset by 8
+        w13 = (_unpack_cols(layer.w13_weight_packed.data, awq=False) - 8).to(torch.int8)
+        w2 = (_unpack_cols(layer.w2_weight_packed.data, awq=False) - 8).to(torch.int8)
     else:
         w13, w2 = layer.w13_weight.data, layer.w2_weight.data
 
     name = getattr(method.moe.activation, "value", method.moe.activation)
     _, layout = _ACTIVATIONS[name]
-    prefix = getattr(layer, "layer_name", type(layer).__name__)
     for role in ("w13", "w2"):
         scale = getattr(layer, f"{role}_weight_scale").data
         missing = torch.isnan(scale.float()).flatten(1).any(1).nonzero().flatten().tolist()
