@@ -27,6 +27,11 @@ struct KernelSet {
   LayoutId layout;
   int64_t tile_m;    // activation rows per GEMM call at most (<= kMaxTileM)
   bool group_terms;  // the quantizer writes QuantRow::group_terms after the row
+  // int4_zero_point: the GEMM multiplies the offset nibbles w + 8 as int4's and starts each
+  // scale group's sums of a lane at (z + 8) times the row's group term, which the quantizer
+  // then writes as -SUM q (group_term_offset). Otherwise the GEMM multiplies w - z + 15 from
+  // terms -15 * SUM q (packed_format.hpp, kZeroPointOffset).
+  bool zero_points_at_group_start;
   // The CPU features its kernels are compiled for: those of the ISA cluster named after the set
   // (cpu/isa.hpp; 0 for the portable set), which include those of any lower cluster whose
   // kernels it reuses.
@@ -41,6 +46,11 @@ struct KernelSet {
   bool model_only = false;
 
   bool usable(const CpuFeatures& f) const { return cpu_has(f, isa); }
+  // The offset of the weights this set's GEMM multiplies for packed weights g: the quantizer's
+  // group terms for rows meeting them are -offset * SUM q (QuantizeArgs::group_term_offset).
+  int32_t group_term_offset(const Geometry& g) const {
+    return g.has_zeros() && zero_points_at_group_start ? 1 : g.group_term_offset();
+  }
   GemmFn gemm_for(int64_t m) const {
     return gemms[1].max_m > 0 && m > gemms[0].max_m ? gemms[1].fn : gemms[0].fn;
   }

@@ -372,7 +372,7 @@ void expect_exact_sums(const KernelSet& set, const PackedWeights& packed, const 
       for (int64_t b = 0; b < g.groups; ++b) {
         int32_t sum = 0;
         for (int64_t k = b * g.group_len; k < (b + 1) * g.group_len; ++k) sum += q[k];
-        terms[b] = -g.group_term_offset() * sum;
+        terms[b] = -set.group_term_offset(g) * sum;
       }
       row.group_terms = terms;
     }
@@ -497,7 +497,7 @@ void expect_formula(const KernelSet& set, const PackedWeights& packed, int64_t c
     std::vector<QuantRow> a;
     for (int64_t r = 0; r < m; ++r)
       rows.push_back(quantize(set, random_row(rng, cols, static_cast<int>(r % 6)), g.cols_padded,
-                              g.group_len, g.group_term_offset()));
+                              g.group_len, set.group_term_offset(g)));
     for (auto& r : rows) a.push_back(r.row);
     for (int64_t part = 0; part < g.parts; ++part)
       for (int64_t j0 = 0; j0 < g.part_rows; j0 += g.block_rows) {
@@ -680,7 +680,7 @@ TEST(Mxfp4Avx512vnni, ShuffleAndPermutePathsGiveTheSameBits) {
   std::vector<QuantRow> a;
   for (int64_t r = 0; r < zmm.tile_m; ++r)
     buffers.push_back(quantize(zmm, random_row(rng, cols, static_cast<int>(r % 6)), g.cols_padded,
-                               g.group_len, g.group_term_offset()));
+                               g.group_len, zmm.group_term_offset(g)));
   for (auto& b : buffers) a.push_back(b.row);
   const int64_t width = 80;
   for (int64_t m = 1; m <= zmm.tile_m; ++m) {
@@ -767,7 +767,7 @@ void check_tile_gemm(detail::GemmFn tiles, const char* backend) {
     const int64_t rows = detail::kAmxTileM;
     for (int64_t r = 0; r < rows; ++r)
       buffers.push_back(quantize(zmm, random_row(rng, sh.cols, static_cast<int>(r % 6)),
-                                 g.cols_padded, g.group_len, g.group_term_offset()));
+                                 g.cols_padded, g.group_len, zmm.group_term_offset(g)));
     for (auto& b : buffers) a.push_back(b.row);
     const int64_t width = (sh.rows + 15) / 16 * 16;
     // the zmm reference: one row per call

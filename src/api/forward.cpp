@@ -340,7 +340,7 @@ class Worker {
       for (int64_t b = 0; b < padded / len; ++b) {
         int32_t sum = 0;
         for (int64_t k = b * len; k < (b + 1) * len; ++k) sum += v[k];
-        terms[b] = -p_.w13->group_term_offset() * sum;
+        terms[b] = -p_.set->group_term_offset(*p_.w13) * sum;
       }
       q.group_terms = terms;
     }
@@ -384,8 +384,8 @@ class Worker {
         continue;
       }
       quantize_input_row(*p_.set, *p_.x, t0 + t, on_input, on_input ? router_weight(t0, r) : 1.0f,
-                         row, p_.w13->cols_padded, p_.w13->group_len, p_.w13->group_term_offset(),
-                         dst, &s_.qx_rows[r], order);
+                         row, p_.w13->cols_padded, p_.w13->group_len,
+                         p_.set->group_term_offset(*p_.w13), dst, &s_.qx_rows[r], order);
     }
   }
 
@@ -484,7 +484,7 @@ class Worker {
                         .cols = p_.s.inter,
                         .cols_padded = p_.w2->cols_padded,
                         .group_len = p_.w2->group_len,
-                        .group_term_offset = p_.w2->group_term_offset(),
+                        .group_term_offset = p_.set->group_term_offset(*p_.w2),
                         .dst = s_.qm + r * s_.qm_stride,
                         .row = &s_.qm_rows[r]});
     }

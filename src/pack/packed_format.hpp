@@ -55,7 +55,8 @@ inline constexpr int32_t kMxfp4Offset = 12;
 alignas(16) inline constexpr uint8_t kMxfp4Unsigned[16] = {12, 13, 14, 15, 16, 18, 20, 24,
                                                            12, 11, 10, 9,  8,  6,  4,  0};
 // int4 with zero points: the kernels that read offset weights multiply w - z + 15 in [0, 30]
-// (the nibble w + 8 plus 7 - z, per lane and group), their rows' group terms -15 * SUM q.
+// (the nibble w + 8 plus 7 - z, per lane and group), their rows' group terms -15 * SUM q, unless
+// their set starts the groups from the zero points instead (KernelSet::group_term_offset).
 inline constexpr int32_t kZeroPointOffset = 15;
 // Rows of each w13 part per block of the stored order (a multiple of every panel height).
 inline constexpr int64_t kBlockRows = 64;
@@ -153,6 +154,7 @@ struct Geometry {
   bool channelwise() const noexcept { return group_size < 0; }
   // The offset of the unsigned weights the kernels of offset layouts multiply: the quantizer's
   // group terms for rows meeting these weights are -offset * SUM q (QuantRow::group_terms).
+  // A kernel set may start zero-point groups otherwise: KernelSet::group_term_offset.
   int32_t group_term_offset() const noexcept {
     return weight_format == WeightFormat::mxfp4             ? kMxfp4Offset
            : weight_format == WeightFormat::int4_zero_point ? kZeroPointOffset

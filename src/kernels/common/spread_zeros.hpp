@@ -1,7 +1,6 @@
 // The zero points of int4_zero_point weights (packed_format.hpp: one byte per output row and
-// group) where the x86 kernels need them: in every byte of their row's dword lane, as the
-// layouts qu4_p16k8 and qu4_p8k8 place a row's 4 weight bytes per chunk. Plain data, shared by
-// the files of every x86 kernel set.
+// group) where the zmm and AMX kernels need them: in every byte of their row's dword lane, as
+// layout qu4_p16k8 places a row's 4 weight bytes per chunk. Plain data, shared by their files.
 #pragma once
 
 #include <array>
@@ -10,9 +9,8 @@
 
 namespace w4a8moe::detail {
 
-// Byte i of a register belongs to dword lane i / 4: `vpshufb` by this table (a ymm register
-// reads its first 32 bytes) spreads a panel's zero points, broadcast to each 128-bit lane, over
-// the 4 bytes of their lanes.
+// Byte i of a register belongs to dword lane i / 4: `vpshufb` by this table spreads a panel's
+// zero points, broadcast to each 128-bit lane, over the 4 bytes of their lanes.
 alignas(64) inline constexpr std::array<uint8_t, 64> kSpreadZeros = [] {
   std::array<uint8_t, 64> t{};
   for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<uint8_t>(i / 4);

@@ -3,8 +3,8 @@
 // (internal linkage, so the two copies never mix): kVnni true is `vpdpbusd` ymm (VEX, AVX-VNNI),
 // false AVX2's `vpmaddubsw` + `vpmaddwd`. Panels of 8 rows; per chunk of 8 columns one 32-byte
 // load holds 8 rows x 8 offset nibbles (w + 8, u8), multiplied by s8 activations. AVX2 needs no
-// saturation care: u8 weights are at most 30 (int4 with zero points: w - z + 15), so a pair of
-// products is at most 2 * 30 * 128 = 7680 and two pairs added in int16 stay below 32767.
+// saturation care: u8 weights are at most 24 (MXFP4: 2 * e2m1 + 12), so a pair of products is at
+// most 2 * 24 * 128 = 6144 and two pairs added in int16 stay below 32767.
 #pragma once
 
 #include <immintrin.h>
@@ -14,7 +14,6 @@
 #include "kernels/common/gemm_rows.hpp"
 #include "kernels/common/load_unaligned.hpp"
 #include "kernels/common/prefetch.hpp"
-#include "kernels/common/spread_zeros.hpp"
 #include "kernels/kernel.hpp"
 
 namespace w4a8moe::detail {
@@ -71,11 +70,11 @@ void ymm_tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
   constexpr bool kMxfp4 = kFormat == WeightFormat::mxfp4;
   const __m256i mx_table = _mm256_broadcastsi128_si256(
       _mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4Unsigned)));
-  // int4 with zero points: the offset nibbles w + 8 plus 15 - (z + 8) per lane and group give
-  // w - z + 15 in [0, 30], the group terms -15 * SUM q (kZeroPointOffset)
+  // int4 with zero points: the chunks multiply the offset nibbles w + 8 as int4's, and each
+  // group's sums of a lane start at (z + 8) * -SUM q, the row's group term times the lane's
+  // stored zero point (KernelSet::zero_points_at_group_start): SUM q (w + 8) - (z + 8) SUM q is
+  // SUM q (w - z), with no work per chunk
   constexpr bool kZeros = kFormat == WeightFormat::int4_zero_point;
-  const __m256i spread_zeros =
-      _mm256_load_si256(reinterpret_cast<const __m256i*>(kSpreadZeros.data()));
   const auto zeros = static_cast<int64_t>(g.panel_zeros_offset);  // from a record
 
   const int8_t* q[M];
@@ -100,28 +99,32 @@ void ymm_tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
 
   for (int64_t b = 0; b < g.groups; ++b) {
     __m256i hacc[M][NP];
+    __m256i zero_points[kZeros ? NP : 1];
+    if constexpr (kZeros) {
+      // the panel's 8 stored zero points z + 8 in [0, 15], one per int32 lane
+      for (int p = 0; p < NP; ++p)
+        zero_points[p] = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+            reinterpret_cast<const __m128i*>(w + p * panel_bytes + zeros + b * kYmmPanel)));
+    }
     for (int m = 0; m < M; ++m) {
       // the row's group terms follow its cols_padded bytes (kernel.hpp): addressed from q[m],
       // so that no register holds a second pointer per row
       const __m256i start =
           _mm256_set1_epi32(load_unaligned<int32_t>(q[m] + g.cols_padded + 4 * b));
       for (int p = 0; p < NP; ++p) {
-        iacc[m][p] = start;
+        if constexpr (!kZeros) {
+          iacc[m][p] = start;
+        } else if constexpr (kChunks > 0 && kChunks * 8 * 128 <= 32767) {
+          // |SUM q| <= 128 * group fits int16: `vpmaddwd` of (z + 8, 0) by the term's halves
+          iacc[m][p] = _mm256_madd_epi16(zero_points[p], start);
+        } else {
+          iacc[m][p] = _mm256_mullo_epi32(zero_points[p], start);
+        }
         if constexpr (kSplit) hacc[m][p] = _mm256_setzero_si256();
       }
     }
     const uint8_t* wc = w + b * chunks_per_group * 32;
     const int64_t k_begin = b * g.group_len;
-    __m256i adjust[kZeros ? NP : 1];
-    if constexpr (kZeros) {
-      for (int p = 0; p < NP; ++p) {
-        // the panel's 8 zero points in both 128-bit lanes, each spread over its lane's 4 bytes
-        const __m256i z = _mm256_broadcastsi128_si256(_mm_loadl_epi64(
-            reinterpret_cast<const __m128i*>(w + p * panel_bytes + zeros + b * kYmmPanel)));
-        adjust[p] = _mm256_sub_epi8(_mm256_set1_epi8(kZeroPointOffset),
-                                    _mm256_shuffle_epi8(z, spread_zeros));
-      }
-    }
     auto chunk = [&](int64_t c) __attribute__((always_inline)) {
       __m256i lo[NP], hi[NP];
       for (int p = 0; p < NP; ++p) {
@@ -132,9 +135,6 @@ void ymm_tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
         if constexpr (kMxfp4) {
           lo[p] = _mm256_shuffle_epi8(mx_table, lo[p]);
           hi[p] = _mm256_shuffle_epi8(mx_table, hi[p]);
-        } else if constexpr (kZeros) {
-          lo[p] = _mm256_add_epi8(lo[p], adjust[p]);
-          hi[p] = _mm256_add_epi8(hi[p], adjust[p]);
         }
       }
       const int64_t k = k_begin + c * 8;
