@@ -58,26 +58,35 @@ struct Layer {
   PackedWeights w13, w2;
 };
 
-Layer& qwen3_layer() {
-  static std::unique_ptr<Layer> layer = [] {
-    auto l = std::make_unique<Layer>();
-    l->logical =
-        cli::make_layer(cli::find_preset("qwen3-30b-a3b"), 32, DType::bf16, 1, nullptr, nullptr);
-    const LogicalWeights v = l->logical.view();
+// The weight formats the suites run, by the index of their `format` argument.
+constexpr WeightFormat kFormats[] = {WeightFormat::int4_symmetric, WeightFormat::int4_zero_point,
+                                     WeightFormat::mxfp4};
+
+// Qwen3-30B-A3B's layer in `format` at `group` (mxfp4: 32), bf16 scales, packed once per
+// process and kept: interleaved repetitions of several formats then pack each once.
+Layer& qwen3_layer(WeightFormat format, int group) {
+  static std::map<std::pair<WeightFormat, int>, std::unique_ptr<Layer>> layers;
+  std::unique_ptr<Layer>& slot = layers[{format, group}];
+  if (slot == nullptr) {
+    slot = std::make_unique<Layer>();
+    slot->logical = cli::make_layer(cli::find_preset("qwen3-30b-a3b"), group, DType::bf16, 1,
+                                    nullptr, nullptr, format);
+    const LogicalWeights v = slot->logical.view();
     PackOptions po;
-    po.group_size = 32;
-    l->w13 = pack_w13(v.w13, v.w13_scale, v.w13_bias, po);
-    l->w2 = pack_w2(v.w2, v.w2_scale, v.w2_bias, po);
-    return l;
-  }();
-  return *layer;
+    po.group_size = group;
+    po.weight_format = format;
+    po.gate_up_layout = v.gate_up_layout;
+    slot->w13 = pack_w13(v.w13, v.w13_scale, v.w13_zero_point, v.w13_bias, po);
+    slot->w2 = pack_w2(v.w2, v.w2_scale, v.w2_zero_point, v.w2_bias, po);
+  }
+  return *slot;
 }
 
 // Whole layer: a fresh routing per iteration and the weights flushed from every cache level
-// (outside the timing), so decode
-// streams its experts from DRAM as in real use.
+// (outside the timing), so decode streams its experts from DRAM as in real use. Arguments:
+// tokens, skewed routing, the weight format (kFormats) and the group size.
 void BM_Layer(benchmark::State& state) {
-  Layer& L = qwen3_layer();
+  Layer& L = qwen3_layer(kFormats[state.range(2)], static_cast<int>(state.range(3)));
   const cli::Preset& p = L.logical.preset;
   const int64_t T = state.range(0), H = p.hidden, K = p.top_k;
   const bool skewed = state.range(1) != 0;
@@ -114,10 +123,15 @@ void BM_Layer(benchmark::State& state) {
       fraction_of(macs, seconds, limits().peak[active_kernel_set()].second);
   state.SetLabel(active_kernel_set());
 }
+// int4 at every token count; the other formats (int4 with zero points at groups 32 and 128,
+// MXFP4) beside int4 at 1 and 512 tokens. Compare formats in one run with
+// --benchmark_enable_random_interleaving and repetitions (docs/performance.md).
 BENCHMARK(BM_Layer)
-    ->ArgsProduct({{1, 8, 32, 128, 512}, {0}})
-    ->Args({512, 1})
-    ->ArgNames({"tokens", "skewed"})
+    ->ArgsProduct({{1, 8, 32, 128, 512}, {0}, {0}, {32}})
+    ->Args({512, 1, 0, 32})
+    ->ArgsProduct({{1, 512}, {0}, {1, 2}, {32}})
+    ->ArgsProduct({{1, 512}, {0}, {0, 1}, {128}})
+    ->ArgNames({"tokens", "skewed", "format", "group"})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
@@ -227,20 +241,33 @@ void BM_Gemm(benchmark::State& state, const detail::KernelSet* set, detail::Gemm
     return;
   }
   const int64_t m = state.range(0), K = 2048, N = 64;
-  std::vector<int8_t> w(static_cast<size_t>(N * K), 3);
   const int64_t G = state.range(1);  // weight group size, -1: channelwise
+  const WeightFormat format = kFormats[state.range(2)];
   const int64_t groups = G < 0 ? 1 : K / G;
+  auto scale_shaped = [&](const void* data, DType dtype) {  // [1, N, groups] or [1, N]
+    return G < 0 ? TensorView::of(data, dtype, {1, N})
+                 : TensorView::of(data, dtype, {1, N, groups});
+  };
+  // int4 (either format): values 3 - 8 as nibbles, f32 scales, zero points 1; MXFP4: code 3,
+  // e8m0 exponents 120
+  const bool mxfp4 = format == WeightFormat::mxfp4;
+  std::vector<uint8_t> w(static_cast<size_t>(N * K / 2), mxfp4 ? 0x33 : 0xbb);
   std::vector<float> s(static_cast<size_t>(N * groups), 0.01f);
+  std::vector<uint8_t> e8m0(s.size(), 120);
+  std::vector<int8_t> z(s.size(), 1);
+  const TensorView scale =
+      mxfp4 ? scale_shaped(e8m0.data(), DType::u8) : scale_shaped(s.data(), DType::f32);
+  const TensorView zero_point =
+      format == WeightFormat::int4_zero_point ? scale_shaped(z.data(), DType::i8) : TensorView{};
   PackOptions po;
   po.group_size = static_cast<int>(G);
   po.kernel_set = set->name;
-  const PackedWeights pw = pack_w2(TensorView::of(w.data(), DType::i8, {1, N, K}),
-                                   (G < 0 ? TensorView::of(s.data(), DType::f32, {1, N})
-                                          : TensorView::of(s.data(), DType::f32, {1, N, groups})),
-                                   {}, po);
+  po.weight_format = format;
+  const PackedWeights pw =
+      pack_w2(TensorView::of(w.data(), DType::u8, {1, N, K / 2}), scale, zero_point, {}, po);
   const detail::Geometry g = detail::read_geometry(pw.bytes(), "bench");
   std::vector<float> a(static_cast<size_t>(K), 0.5f);
-  // a quantized row: K bytes, then one int32 group term per group of 32
+  // a quantized row: K bytes, then one int32 group term per group
   std::vector<std::vector<int32_t>> q(static_cast<size_t>(m),
                                       std::vector<int32_t>(static_cast<size_t>(K / 4 + groups)));
   std::vector<detail::QuantRow> rows(static_cast<size_t>(m));
@@ -250,6 +277,7 @@ void BM_Gemm(benchmark::State& state, const detail::KernelSet* set, detail::Gemm
     qa.cols = K;
     qa.cols_padded = K;
     qa.group_len = G < 0 ? K : G;
+    qa.group_term_offset = set->group_term_offset(g);
     qa.dst = q[static_cast<size_t>(r)].data();
     qa.row = &rows[static_cast<size_t>(r)];
     set->quantize(qa);
@@ -284,8 +312,12 @@ const int kRegistered = [] {
     benchmark::RegisterBenchmark((std::string("BM_Gemm/") + set.name).c_str(), BM_Gemm, &set,
                                  nullptr)
         ->ArgsProduct({benchmark::CreateDenseRange(1, static_cast<int>(set.tile_m), 1),
-                       {32, 64, 128, 256, -1}})
-        ->ArgNames({"m", "g"});
+                       {32, 64, 128, 256, -1},
+                       {0}})
+        ->ArgsProduct(
+            {benchmark::CreateDenseRange(1, static_cast<int>(set.tile_m), 1), {32, 128, -1}, {1}})
+        ->ArgsProduct({benchmark::CreateDenseRange(1, static_cast<int>(set.tile_m), 1), {32}, {2}})
+        ->ArgNames({"m", "g", "format"});
   }
 #if defined(__x86_64__)
   // the amx set's tile GEMM alone, whatever the set's choice by rows
@@ -293,8 +325,9 @@ const int kRegistered = [] {
     if (std::string_view(set.name) == "amx")
       benchmark::RegisterBenchmark("BM_Gemm/amx-tiles", BM_Gemm, &set, detail::amx::gemm_tiles)
           ->ArgsProduct({benchmark::CreateDenseRange(1, static_cast<int>(set.tile_m), 1),
-                         {32, 64, 128, 256, -1}})
-          ->ArgNames({"m", "g"});
+                         {32, 64, 128, 256, -1},
+                         {0}})
+          ->ArgNames({"m", "g", "format"});
 #endif
   return 0;
 }();
