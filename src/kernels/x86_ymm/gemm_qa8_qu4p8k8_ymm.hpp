@@ -155,7 +155,7 @@ void ymm_tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
     } else {
       for (int64_t c = 0; c < chunks_per_group; ++c) chunk(c);
     }
-    pf.step(chunks_per_group);
+    pf.step_group(NP);
     if constexpr (kSplit)
       for (int m = 0; m < M; ++m)
         for (int p = 0; p < NP; ++p) iacc[m][p] = _mm256_add_epi32(iacc[m][p], hacc[m][p]);
