@@ -309,14 +309,13 @@ void BM_Gemm(benchmark::State& state, const detail::KernelSet* set, detail::Gemm
 const int kRegistered = [] {
   for (const detail::KernelSet& set : detail::kernel_table()) {
     if (set.model_only) continue;  // a software model: its speed means nothing
+    const std::vector<int64_t> rows =
+        benchmark::CreateDenseRange(1, static_cast<int>(set.tile_m), 1);
     benchmark::RegisterBenchmark((std::string("BM_Gemm/") + set.name).c_str(), BM_Gemm, &set,
                                  nullptr)
-        ->ArgsProduct({benchmark::CreateDenseRange(1, static_cast<int>(set.tile_m), 1),
-                       {32, 64, 128, 256, -1},
-                       {0}})
-        ->ArgsProduct(
-            {benchmark::CreateDenseRange(1, static_cast<int>(set.tile_m), 1), {32, 128, -1}, {1}})
-        ->ArgsProduct({benchmark::CreateDenseRange(1, static_cast<int>(set.tile_m), 1), {32}, {2}})
+        ->ArgsProduct({rows, {32, 64, 128, 256, -1}, {0}})
+        ->ArgsProduct({rows, {32, 128, -1}, {1}})
+        ->ArgsProduct({rows, {32}, {2}})
         ->ArgNames({"m", "g", "format"});
   }
 #if defined(__x86_64__)

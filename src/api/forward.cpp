@@ -337,10 +337,11 @@ class Worker {
       auto* terms = reinterpret_cast<int32_t*>(dst + padded);
       const auto* v = reinterpret_cast<const int8_t*>(dst);
       const int64_t len = p_.w13->group_len;
+      const int32_t offset = p_.set->group_term_offset(*p_.w13);
       for (int64_t b = 0; b < padded / len; ++b) {
         int32_t sum = 0;
         for (int64_t k = b * len; k < (b + 1) * len; ++k) sum += v[k];
-        terms[b] = -p_.set->group_term_offset(*p_.w13) * sum;
+        terms[b] = -offset * sum;
       }
       q.group_terms = terms;
     }
