@@ -101,10 +101,13 @@ class _Tree(torch.nn.Module):
 
 
 def make_checkpoint(folder, family="qwen3_moe", *, strategy="group", group_size=32,
-                    fmt="int-quantized", seed=0, float_folder=None, **sizes):
+                    fmt="int-quantized", seed=0, float_folder=None, symmetric=True,
+                    activations=True, actorder=None, **sizes):
     """Writes the checkpoint; returns the float32 transformers model it means (the reference).
     float_folder: also write the same model unquantized (the experts' dequantized weights in
-    float32, no quantization_config), which vLLM runs in bfloat16 to give the error floor."""
+    float32, no quantization_config), which vLLM runs in bfloat16 to give the error floor.
+    activations=False: W4A16 (no input_activations; vLLM's WNA16 method); symmetric=False:
+    zero points; actorder: compressed-tensors' actorder field ("weight": static)."""
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig,
                                                  QuantizationScheme, apply_quantization_config)
@@ -141,10 +144,11 @@ def make_checkpoint(folder, family="qwen3_moe", *, strategy="group", group_size=
                     module.weight.shape[1])
                 module.weight.copy_(w)
 
-    weights = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy=strategy,
-                               group_size=group_size if strategy == "group" else None)
+    extra = {} if actorder is None else {"actorder": actorder}
+    weights = QuantizationArgs(num_bits=4, type="int", symmetric=symmetric, strategy=strategy,
+                               group_size=group_size if strategy == "group" else None, **extra)
     acts = QuantizationArgs(num_bits=8, type="int", symmetric=True, strategy="token",
-                            dynamic=True)
+                            dynamic=True) if activations else None
     targets = [r"re:.*experts\.\d+\.(gate_proj|up_proj|down_proj|w1|w2|w3)$"]
     qconfig = QuantizationConfig(
         config_groups={"group_0": QuantizationScheme(targets=targets, weights=weights,

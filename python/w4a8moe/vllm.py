@@ -192,15 +192,19 @@ def _group_order(g_idx: torch.Tensor, group_size: int, name: str) -> Optional[to
 
 
 def _pack_zero_point_layer(q13, q2, z13, z2, s13, s2, group_size, g13_idx, g2_idx,
-                           kernel_set, symmetric):
+                           kernel_set, symmetric, w13_bias=None, w2_bias=None,
+                           gate_up_layout="halves"):
     """Unsigned values q [E, N, K] and zeros z [E, N, G] (None: 8) -> w4a8moe.pack, act-order
-    g_idx turned into w13's input order (w2's into w13's row order)."""
+    g_idx turned into w13's input order (w2's into w13's row order). Biases as float32."""
     from . import pack  # the package's packing entry
 
     order13 = None if g13_idx is None else _group_order(g13_idx, group_size, "w13_g_idx")
     order2 = None if g2_idx is None else _group_order(g2_idx, group_size, "w2_g_idx")
     if order13 is not None:  # columns in group order; w13's input order says where they came from
         q13 = torch.gather(q13, 2, order13.long().unsqueeze(1).expand_as(q13))
+    if order2 is not None and gate_up_layout != "halves":
+        raise ValueError("w2_g_idx: act-order of down's inputs needs w13's gate and up in "
+                         f"halves, got gate_up_layout '{gate_up_layout}'")
     if order2 is not None:  # down's inputs are w13's rows (gate, up): move them together
         q2 = torch.gather(q2, 2, order2.long().unsqueeze(1).expand_as(q2))
         inter = q13.shape[1] // 2
@@ -209,6 +213,8 @@ def _pack_zero_point_layer(q13, q2, z13, z2, s13, s2, group_size, g13_idx, g2_id
         s13 = torch.gather(s13, 1, rows.unsqueeze(2).expand_as(s13))
         if z13 is not None:
             z13 = torch.gather(z13, 1, rows.unsqueeze(2).expand_as(z13))
+        if w13_bias is not None:
+            w13_bias = torch.gather(w13_bias, 1, rows)
     w13 = (q13 - 8).to(torch.int8)
     w2 = (q2 - 8).to(torch.int8)
     zero13 = None if symmetric else (z13 - 8).to(torch.int8).contiguous()
@@ -218,17 +224,21 @@ def _pack_zero_point_layer(q13, q2, z13, z2, s13, s2, group_size, g13_idx, g2_id
         zero13 = None if zero13 is None else zero13[..., 0].contiguous()
         zero2 = None if zero2 is None else zero2[..., 0].contiguous()
     return pack(w13.contiguous(), w2.contiguous(), s13.contiguous(), s2.contiguous(), group_size,
-                kernel_set=kernel_set, w13_zero_point=zero13, w2_zero_point=zero2,
+                None if w13_bias is None else w13_bias.to(torch.float32).contiguous(),
+                None if w2_bias is None else w2_bias.to(torch.float32).contiguous(),
+                gate_up_layout=gate_up_layout, kernel_set=kernel_set, w13_zero_point=zero13,
+                w2_zero_point=zero2,
                 w13_input_order=None if order13 is None else order13.contiguous())
 
 
 def pack_gptq_moe(w13_qweight, w2_qweight, w13_scales, w2_scales, group_size, *, w13_qzeros=None,
                   w2_qzeros=None, w13_g_idx=None, w2_g_idx=None, sym=True,
-                  zeros_minus_one=True, kernel_set=""):
+                  zeros_minus_one=True, kernel_set="", w13_bias=None, w2_bias=None,
+                  gate_up_layout="halves"):
     """The engine's GPTQ MoE tensors (layout above) -> (w13_packed, w2_packed), exactly: int4
     symmetric for sym, else int4 with zero points; act-order g_idx as w13's input order (docs/
     operator.md, "Input order"). zeros_minus_one: the "gptq" checkpoint format (False:
-    "gptq_v2")."""
+    "gptq_v2"). Biases [E, 2I] / [E, H] and gate_up_layout as w4a8moe.pack takes them."""
     experts, packed_h, two_i = w13_qweight.shape
     hidden, inter = packed_h * 8, two_i // 2
     groups13 = 1 if group_size == -1 else hidden // group_size
@@ -259,13 +269,15 @@ def pack_gptq_moe(w13_qweight, w2_qweight, w13_scales, w2_scales, group_size, *,
     g13 = w13_g_idx if w13_g_idx is not None and w13_g_idx.numel() > 0 else None
     g2 = w2_g_idx if w2_g_idx is not None and w2_g_idx.numel() > 0 else None
     return _pack_zero_point_layer(q13, q2, z13, z2, w13_scales.transpose(1, 2),
-                                  w2_scales.transpose(1, 2), group_size, g13, g2, kernel_set, sym)
+                                  w2_scales.transpose(1, 2), group_size, g13, g2, kernel_set, sym,
+                                  w13_bias, w2_bias, gate_up_layout)
 
 
 def pack_awq_moe(w13_qweight, w2_qweight, w13_scales, w2_scales, w13_qzeros, w2_qzeros,
-                 group_size, *, kernel_set=""):
+                 group_size, *, kernel_set="", w13_bias=None, w2_bias=None,
+                 gate_up_layout="halves"):
     """The engine's AWQ MoE tensors (layout above) -> (w13_packed, w2_packed), exactly, as int4
-    with zero points."""
+    with zero points. Biases and gate_up_layout as pack_gptq_moe."""
     experts, hidden, packed_two_i = w13_qweight.shape
     inter = packed_two_i * 8 // 2
     groups13 = 1 if group_size == -1 else hidden // group_size
@@ -280,7 +292,7 @@ def pack_awq_moe(w13_qweight, w2_qweight, w13_scales, w2_scales, w13_qzeros, w2_
     z2 = _unpack_cols(w2_qzeros, True).transpose(1, 2)
     return _pack_zero_point_layer(q13, q2, z13, z2, w13_scales.transpose(1, 2),
                                   w2_scales.transpose(1, 2), group_size, None, None, kernel_set,
-                                  False)
+                                  False, w13_bias, w2_bias, gate_up_layout)
 
 
 def pack_mxfp4_moe(w13_weight, w2_weight, w13_weight_scale, w2_weight_scale, w13_bias=None,

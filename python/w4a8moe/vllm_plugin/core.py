@@ -1,0 +1,323 @@
+"""What every method family of the plugin shares: the settings, the trace, vLLM's logger, the
+experts class (vLLM's monolithic experts contract run by w4a8moe's op), the checks every
+layer passes before w4a8moe takes it, the log lines, and the step that installs a packed layer
+(free vLLM's tensors, make the layer's experts and vLLM's kernel around them).
+
+The family modules (w4a8, wna16, mxfp4) hook vLLM's selection and weight processing for their
+methods and call into this module; docs/vllm.md describes what each takes.
+"""
+
+import enum
+import os
+from typing import Iterable, Optional, Tuple
+
+import torch
+
+#: vLLM releases the plugin was tested with, as a half-open range [low, high).
+SUPPORTED_VLLM = ("0.32.0", "0.33.0")
+
+#: The method families, as W4A8MOE_VLLM_FORMATS names them.
+FAMILIES = ("w4a8", "wna16", "mxfp4")
+
+# vLLM's MoEActivation value -> (w4a8moe activation, gate/up layout of vLLM's w13 rows)
+ACTIVATIONS = {
+    "silu": ("silu", "halves"),
+    "gelu": ("gelu", "halves"),
+    "gelu_tanh": ("gelu_tanh", "halves"),
+    "swiglustep": ("swiglustep", "halves"),
+    "swigluoai": ("swigluoai", "interleaved"),  # gpt-oss: gate j in row 2j, up j in 2j + 1
+    "swigluoai_uninterleave": ("swigluoai", "halves"),
+}
+
+
+class Backend(enum.Enum):
+    """The backend value a vLLM method records when w4a8moe runs its layer."""
+
+    W4A8MOE = "W4A8MOE"
+
+
+def _version_tuple(text: str) -> Tuple[int, ...]:
+    digits = []
+    for part in text.split("+")[0].split("."):
+        number = "".join(c for c in part if c.isdigit())
+        if not number:
+            break
+        digits.append(int(number))
+        if len(digits) == 3:
+            break
+    return tuple(digits)
+
+
+def check_vllm_version(version: str) -> None:
+    """Raises RuntimeError, naming both, when `version` is outside SUPPORTED_VLLM."""
+    low, high = SUPPORTED_VLLM
+    if not (_version_tuple(low) <= _version_tuple(version) < _version_tuple(high)):
+        raise RuntimeError(
+            f"w4a8moe's vLLM plugin: vLLM {version} is not supported (expected >= {low}, < {high}"
+            f"; install a supported vLLM as docs/vllm.md says, or set W4A8MOE_VLLM=off to run "
+            f"this vLLM without the plugin)")
+
+
+def families() -> Tuple[str, ...]:
+    """The families W4A8MOE_VLLM_FORMATS asks for ("all", the default, or a comma list)."""
+    text = os.environ.get("W4A8MOE_VLLM_FORMATS", "all").strip().lower()
+    if text == "all":
+        return FAMILIES
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in FAMILIES]
+    if unknown or not names:
+        raise ValueError(f"W4A8MOE_VLLM_FORMATS: expected 'all' or a comma list of "
+                         f"{', '.join(FAMILIES)}, got '{text}'")
+    return names
+
+
+def trace(line: str) -> None:
+    path = os.environ.get("W4A8MOE_VLLM_TRACE")
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{os.getpid()} {line}\n")
+
+
+def logger():
+    from vllm.logger import init_logger
+
+    # under "vllm.", so vLLM's logging configuration (format, VLLM_LOGGING_LEVEL) applies
+    return init_logger("vllm.w4a8moe_plugin")
+
+
+_said = set()
+
+
+def say(message: str, warning: bool = False) -> None:
+    """Logs a message once per process."""
+    if message in _said:
+        return
+    _said.add(message)
+    (logger().warning if warning else logger().info)(message)
+
+
+def activation_name(config) -> str:
+    return getattr(config.activation, "value", str(config.activation))
+
+
+def describe(config) -> str:
+    return (f"H {config.hidden_dim}, I {config.intermediate_size_per_partition}, "
+            f"{config.num_local_experts} experts, top-{config.experts_per_token}, activation "
+            f"{activation_name(config)}")
+
+
+def announce(kind: str, config, ok: bool, reason: Optional[str], computes: str = "",
+             theirs: str = "vLLM selects its own backend") -> None:
+    """The log line of a selection: taken (with what w4a8moe computes) or refused (why)."""
+    import w4a8moe
+
+    if ok:
+        say(f"w4a8moe: {kind} MoE ({describe(config)}) runs through w4a8moe (kernel set "
+            f"{w4a8moe.active_kernel_set()}){computes}")
+    else:
+        say(f"w4a8moe: {kind} MoE ({describe(config)}) is refused by w4a8moe ({reason}); "
+            f"{theirs}", warning=True)
+
+
+_EXPERTS = None
+
+
+def experts_class():
+    """The experts kernel class, made on first use (it derives from vLLM's classes)."""
+    global _EXPERTS
+    if _EXPERTS is None:
+        _EXPERTS = _make_experts_class()
+    return _EXPERTS
+
+
+def check(config, group: int, weight_format: str = "int4") -> Tuple[bool, Optional[str]]:
+    """The checks every family's layer passes: platform, activation, dtype, vLLM's experts
+    contract (parallelism, routing, LoRA, hash routing) and w4a8moe.is_supported_config."""
+    import vllm.model_executor.layers.fused_moe.modular_kernel as mk
+    from vllm import envs
+    from vllm.platforms import current_platform
+
+    import w4a8moe
+
+    if not current_platform.is_cpu():
+        return False, "vLLM's platform is not the CPU"
+    activation = activation_name(config)
+    if activation not in ACTIVATIONS:
+        return False, f"activation {activation}: w4a8moe runs {', '.join(sorted(ACTIVATIONS))}"
+    beta = getattr(config, "swiglu_beta", None)
+    if beta is not None and beta != 1.0:
+        return False, f"swiglu_beta {beta}: w4a8moe's swigluoai adds 1 to up"
+    if config.in_dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return False, f"dtype {config.in_dtype}"
+    if envs.VLLM_BATCH_INVARIANT:
+        return False, "VLLM_BATCH_INVARIANT is set (not promised by w4a8moe)"
+    cls = experts_class()
+    ok, reason = mk.FusedMoEExperts.is_supported_config(
+        cls, config, None, None, mk.FusedMoEActivationFormat.Standard)
+    if not ok:
+        return False, reason
+    return w4a8moe.is_supported_config(
+        config.hidden_dim, config.intermediate_size_per_partition, config.num_local_experts,
+        config.experts_per_token, group, ACTIVATIONS[activation][0], config.in_dtype)
+
+
+def _make_experts_class():
+    import vllm.model_executor.layers.fused_moe.modular_kernel as mk
+    from vllm.model_executor.layers.fused_moe.config import RoutingMethodType
+    from vllm.model_executor.layers.fused_moe.experts.cpu_int4_moe import CPUExpertsInt4
+    from vllm.platforms import current_platform
+
+    import w4a8moe
+
+    class W4A8MoeExperts(CPUExpertsInt4):
+        """vLLM's monolithic CPU experts contract (router logits in), run by w4a8moe on any
+        CPU. install_layer() makes a subclass per layer that sets the two attributes below."""
+
+        # the packed layer's group size (-1: one scale per row)
+        group_size = None
+        # The layer's custom_routing_function (Llama 4: sigmoid of the top-1 logit): the
+        # monolithic call does not pass it, and FusedMoEConfig.routing_method says Default.
+        routing_function = None
+
+        @staticmethod
+        def is_supported_config(cls, moe_config, weight_key, activation_key, activation_format):
+            if not current_platform.is_cpu():
+                return False, "vLLM's platform is not the CPU"
+            return mk.FusedMoEExperts.is_supported_config(
+                cls, moe_config, weight_key, activation_key, activation_format)
+
+        @staticmethod
+        def _supports_activation(activation) -> bool:
+            return getattr(activation, "value", activation) in ACTIVATIONS
+
+        @staticmethod
+        def _supports_quant_scheme(weight_key, activation_key) -> bool:
+            return True  # each family module checks its own scheme before it asks
+
+        @staticmethod
+        def _supports_parallel_config(moe_parallel_config) -> bool:
+            # Tensor parallelism splits I (vLLM reduces the outputs); expert parallelism over
+            # vLLM's expert map is not wired (w4a8moe.distributed has its own).
+            return moe_parallel_config.ep_size == 1
+
+        @staticmethod
+        def _supports_routing_method(routing_method, weight_key, activation_key) -> bool:
+            return routing_method in (RoutingMethodType.Default, RoutingMethodType.Renormalize,
+                                      RoutingMethodType.RenormalizeNaive)
+
+        def apply(self, hidden_states, w1, w2, router_logits, activation, global_num_experts,
+                  expert_map, a1q_scale=None, apply_router_weight_on_input=False,
+                  num_expert_group=None, e_score_correction_bias=None,
+                  routed_scaling_factor=None, topk_group=None, routing_replay_out=None,
+                  routing_sink=None):
+            from vllm.model_executor.layers.fused_moe.router.cpu_router import select_experts
+
+            config = self.moe_config
+            topk_weights, topk_ids = select_experts(
+                custom_routing_function=type(self).routing_function,
+                hidden_states=hidden_states,
+                router_logits=router_logits,
+                use_grouped_topk=num_expert_group is not None,
+                top_k=config.experts_per_token,
+                renormalize=config.routing_method in (RoutingMethodType.Renormalize,
+                                                      RoutingMethodType.RenormalizeNaive),
+                topk_group=topk_group,
+                num_expert_group=num_expert_group,
+                scoring_func="softmax",
+                routed_scaling_factor=(1.0 if routed_scaling_factor is None
+                                       else routed_scaling_factor),
+                e_score_correction_bias=e_score_correction_bias,
+            )
+            name = getattr(activation, "value", activation)
+            alpha = config.swiglu_alpha if config.swiglu_alpha is not None else 1.702
+            limit = config.swiglu_limit if config.swiglu_limit is not None else 7.0
+            trace(f"forward {hidden_states.shape[0]} {int(bool(apply_router_weight_on_input))}")
+            return w4a8moe.ops.dynamic_4bit_int_moe_ex(
+                hidden_states, topk_ids, topk_weights, w1, w2, config.hidden_dim,
+                config.intermediate_size_per_partition, int(type(self).group_size),
+                bool(apply_router_weight_on_input),
+                w4a8moe.activation_code(ACTIVATIONS[name][0]), float(alpha), float(limit))
+
+    return W4A8MoeExperts
+
+
+def exact_scales(layer, names: Iterable[str]) -> None:
+    """Makes the layer's scale parameters float32 and NaN before vLLM loads them: the loader
+    copies the checkpoint's values in (bf16, f16 or f32: all exact in float32, so nothing is
+    rounded to the model's dtype), and a scale the file lacks stays NaN, which
+    check_scales_loaded() reports instead of running with vLLM's placeholder."""
+    for name in names:
+        old = getattr(layer, name)
+        new = torch.nn.Parameter(torch.full(old.shape, float("nan"), dtype=torch.float32),
+                                 requires_grad=False)
+        for key, value in vars(old).items():
+            if not key.startswith("_"):
+                setattr(new, key, value)
+        layer.register_parameter(name, new)
+
+
+def check_scales_loaded(layer, names: Iterable[str]) -> None:
+    prefix = getattr(layer, "layer_name", type(layer).__name__)
+    for name in names:
+        scale = getattr(layer, name).data
+        missing = torch.isnan(scale.float()).flatten(1).any(1).nonzero().flatten().tolist()
+        if missing:
+            raise ValueError(
+                f"{prefix}: {name} of expert(s) {missing} not loaded: the checkpoint lacks "
+                f"their gate/up or down projection's scales")
+
+
+def install_layer(method, layer, w13_packed, w2_packed, group: int, free: Iterable[str],
+                  names: Tuple[str, str] = ("w13_weight", "w2_weight")) -> None:
+    """Puts the packed layer in place of vLLM's tensors (those named in `free` become empty,
+    as vLLM frees them), records it in the trace and builds the method's kernel: vLLM's
+    prepare/finalize around a per-layer subclass of the experts class. `names`: the layer's
+    parameters the method's forward hands the kernel as w1 and w2."""
+    import vllm.model_executor.layers.fused_moe.modular_kernel as mk
+    from vllm.model_executor.layers.fused_moe.all2all_utils import maybe_make_prepare_finalize
+    from vllm.model_executor.layers.fused_moe.config import FUSED_MOE_UNQUANTIZED_CONFIG
+    from vllm.model_executor.utils import replace_parameter
+
+    import w4a8moe
+
+    nothing = torch.empty(0)
+    for name in free:
+        if getattr(layer, name, None) is not None:
+            replace_parameter(layer, name, torch.nn.Parameter(nothing, requires_grad=False))
+    for name, packed in zip(names, (w13_packed, w2_packed)):
+        param = torch.nn.Parameter(packed, requires_grad=False)
+        if name in layer._parameters:
+            layer._parameters[name] = param
+        else:
+            if hasattr(layer, name):
+                delattr(layer, name)
+            layer.register_parameter(name, param)
+    info = w4a8moe.packed_info(w13_packed)
+    trace(f"pack {info.cols} {info.rows // 2} {info.experts} {info.group_size} "
+          f"{activation_name(method.moe)} {w4a8moe.active_kernel_set()} {info.weight_format}")
+    attrs = {"group_size": group}
+    routing = getattr(layer, "custom_routing_function", None)
+    if routing is not None:
+        attrs["routing_function"] = staticmethod(routing)
+    base = experts_class()
+    experts_cls = type(base.__name__, (base,), attrs)
+    prepare_finalize = maybe_make_prepare_finalize(
+        moe=method.moe, quant_config=FUSED_MOE_UNQUANTIZED_CONFIG,
+        routing_tables=layer._expert_routing_tables(), allow_new_interface=True,
+        use_monolithic=True)
+    assert prepare_finalize is not None
+    method.moe_quant_config = FUSED_MOE_UNQUANTIZED_CONFIG
+    method.moe_kernel = mk.FusedMoEKernel(
+        prepare_finalize,
+        experts_cls(moe_config=method.moe, quant_config=FUSED_MOE_UNQUANTIZED_CONFIG))
+
+
+def bias_of(layer, name: str, loaded_only: bool = False) -> Optional[torch.Tensor]:
+    """The layer's bias as float32, or None (absent, or not in the checkpoint when
+    loaded_only: vLLM registers zero biases some checkpoints do not fill)."""
+    bias = getattr(layer, name, None)
+    if bias is None or bias.numel() == 0:
+        return None
+    if loaded_only and name not in getattr(layer, "_loaded_expert_biases", {name}):
+        return None
+    return bias.data.float()

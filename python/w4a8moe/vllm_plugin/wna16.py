@@ -1,0 +1,228 @@
+"""vLLM's WNA16 MoE methods with int4 weights: compressed-tensors W4A16
+(CompressedTensorsWNA16MoEMethod: pack-quantized, symmetric or with zero points, grouped or
+channel-wise), GPTQ (AutoGPTQMoEMethod: sym or asym, checkpoint_format gptq or gptq_v2) and AWQ
+(AutoAWQMoEMethod: gemm, zero points). vLLM's own CPU kernel for them needs AMX (and zentorch
+takes only symmetric groups); w4a8moe runs them on every CPU.
+
+This is a W4A8 computation of a W4A16 checkpoint: the weights are packed exactly as the file
+holds them (int4 values, zero points, scales in float32), and the activations are quantized per
+token to int8, as w4a8moe always does (vLLM does the same with VLLM_CPU_INT4_W4A8 on AMX).
+docs/vllm.md gives the measured deviation; W4A8MOE_VLLM_FORMATS without "wna16" leaves these
+layers to vLLM.
+
+Wrapped in each method's module: select_wna16_moe_backend (w4a8moe first, with the method's
+quantization config read for its scheme); the method's __init__ (compressed-tensors asserts that
+a non-Marlin backend is grouped: channel-wise layers pass it as a group of the whole row),
+create_weights (scales float32 and NaN, so they load exactly and a missing one is seen; the
+zero points' loader records the experts it filled) and process_weights_after_loading.
+"""
+
+import torch
+
+from . import core
+
+KIND = "W4A16 int4"
+COMPUTES = (", as W4A8: the checkpoint's int4 weights exactly, the activations quantized per "
+            "token to int8; not vLLM's WNA16 backends")
+
+
+def scheme_of(quant_config):
+    """vLLM's quantization config of the layer -> (dict(group, symmetric, fmt), None), or
+    (None, the reason w4a8moe does not take it)."""
+    from compressed_tensors.quantization import QuantizationArgs
+    from vllm.model_executor.layers.quantization.auto_awq import AutoAWQConfig
+    from vllm.model_executor.layers.quantization.auto_gptq import AutoGPTQConfig
+
+    if isinstance(quant_config, QuantizationArgs):
+        if quant_config.num_bits != 4 or str(getattr(quant_config.type, "value",
+                                                     quant_config.type)) != "int":
+            return None, f"{quant_config.num_bits}-bit {quant_config.type} weights (w4a8moe: int4)"
+        strategy = str(getattr(quant_config.strategy, "value", quant_config.strategy))
+        if strategy not in ("group", "channel"):
+            return None, f"strategy {strategy} (w4a8moe: group or channel)"
+        order = getattr(quant_config.actorder, "value", quant_config.actorder)
+        if order == "group":
+            return None, "run-time activation ordering (actorder: group)"
+        group = -1 if strategy == "channel" or quant_config.group_size is None else int(
+            quant_config.group_size)
+        return dict(group=group, symmetric=bool(quant_config.symmetric),
+                    fmt="compressed-tensors"), None
+    if isinstance(quant_config, AutoGPTQConfig):
+        if quant_config.weight_bits != 4:
+            return None, f"{quant_config.weight_bits}-bit GPTQ (w4a8moe: 4-bit)"
+        if quant_config.desc_act:
+            return None, "GPTQ desc_act (run-time activation ordering)"
+        if quant_config.dynamic:
+            return None, "GPTQ per-module `dynamic` overrides"
+        fmt = quant_config.full_config.get("checkpoint_format", "gptq")
+        if fmt not in ("gptq", "gptq_v2"):
+            return None, f"GPTQ checkpoint_format {fmt} (w4a8moe: gptq, gptq_v2)"
+        return dict(group=int(quant_config.group_size), symmetric=bool(quant_config.is_sym),
+                    fmt=fmt), None
+    if isinstance(quant_config, AutoAWQConfig):
+        if quant_config.weight_bits != 4:
+            return None, f"{quant_config.weight_bits}-bit AWQ (w4a8moe: 4-bit)"
+        if not quant_config.zero_point:
+            return None, "AWQ without zero points"
+        return dict(group=int(quant_config.group_size), symmetric=False, fmt="awq"), None
+    return None, f"quantization config {type(quant_config).__name__}"
+
+
+def _select(vllm_select):
+    def select_wna16_moe_backend(config, weight_key, quant_config, may_have_zp, may_have_bias,
+                                 allow_tile_padding=False):
+        scheme, reason = scheme_of(quant_config)
+        ok = scheme is not None
+        if ok:
+            ok, reason = core.check(config, scheme["group"])
+        core.announce(KIND, config, ok, reason, COMPUTES if ok else "")
+        if ok:
+            return core.Backend.W4A8MOE, core.experts_class()
+        return vllm_select(config, weight_key, quant_config, may_have_zp, may_have_bias,
+                           allow_tile_padding)
+
+    return select_wna16_moe_backend
+
+
+def _track_loads(layer, names):
+    """Wraps the weight loader of each parameter named: it records (expert, shard) per load in
+    layer.w4a8moe_loaded[name], so that a tensor the file lacks for one expert is seen."""
+    loaded = layer.__dict__.setdefault("w4a8moe_loaded", {})
+    for name in names:
+        param = getattr(layer, name)
+        inner = param.weight_loader
+        seen = loaded.setdefault(name, set())
+
+        def loader(*args, _inner=inner, _seen=seen, **kwargs):
+            result = _inner(*args, **kwargs)
+            expert = kwargs.get("expert_id", args[4] if len(args) > 4 else None)
+            shard = kwargs.get("shard_id", args[3] if len(args) > 3 else None)
+            if expert is not None:
+                _seen.add((int(expert), shard))
+            return result
+
+        param.weight_loader = loader
+
+
+def _check_loads(layer, names, experts):
+    prefix = getattr(layer, "layer_name", type(layer).__name__)
+    for name in names:
+        seen = layer.w4a8moe_loaded.get(name, set())
+        shards = ("w1", "w3") if name.startswith("w13") else ("w2",)
+        missing = sorted({e for e in range(experts) for s in shards if (e, s) not in seen})
+        if missing:
+            raise ValueError(f"{prefix}: {name} of expert(s) {missing} not loaded: the "
+                             f"checkpoint lacks their {'gate/up' if name[1] == '1' else 'down'} "
+                             f"projection's {name.split('_', 1)[1]}")
+
+
+# per method class: (scale names, zero-point names)
+_PARAMS = {
+    "CompressedTensorsWNA16MoEMethod": (("w13_weight_scale", "w2_weight_scale"),
+                                        ("w13_weight_zero_point", "w2_weight_zero_point")),
+    "AutoGPTQMoEMethod": (("w13_scales", "w2_scales"), ("w13_qzeros", "w2_qzeros")),
+    "AutoAWQMoEMethod": (("w13_scales", "w2_scales"), ("w13_qzeros", "w2_qzeros")),
+}
+
+
+def _quant_config_of(method):
+    return getattr(method, "weight_quant", None) or method.quant_config
+
+
+def _wrap(method_module, method_cls) -> None:
+    vllm_init = method_cls.__init__
+    vllm_create = method_cls.create_weights
+    vllm_process = method_cls.process_weights_after_loading
+    scales, zeros = _PARAMS[method_cls.__name__]
+
+    def __init__(self, *args, **kwargs):
+        quant = kwargs.get("weight_quant", args[0] if args else None)
+        channel = (method_cls.__name__ == "CompressedTensorsWNA16MoEMethod"
+                   and str(getattr(quant.strategy, "value", quant.strategy)) == "channel")
+        if not channel:
+            vllm_init(self, *args, **kwargs)
+        else:  # a group of the whole row for vLLM's assert; its true strategy put back after
+            grouped = quant.model_copy(update={"strategy": "group", "group_size": None})
+            rest = dict(kwargs)
+            rest.pop("weight_quant", None)
+            vllm_init(self, grouped, *args[1:], **rest)
+            if self.experts_cls is not core.experts_class():
+                vllm_init(self, *args, **kwargs)  # vLLM's own choice, as without the plugin
+                return
+            self.weight_quant, self.strategy, self.group_size = quant, quant.strategy, -1
+        if self.experts_cls is core.experts_class():
+            self.w4a8moe_scheme = scheme_of(_quant_config_of(self))[0]
+
+    def create_weights(self, layer, *args, **kwargs) -> None:
+        vllm_create(self, layer, *args, **kwargs)
+        if self.experts_cls is core.experts_class():
+            core.exact_scales(layer, scales)
+            if not self.w4a8moe_scheme["symmetric"]:
+                _track_loads(layer, zeros)
+
+    def process_weights_after_loading(self, layer) -> None:
+        if self.experts_cls is not core.experts_class():
+            return vllm_process(self, layer)
+        _pack_layer(self, layer, scales, zeros)
+
+    method_module.select_wna16_moe_backend = _select(method_module.select_wna16_moe_backend)
+    method_cls.__init__ = __init__
+    method_cls.create_weights = create_weights
+    method_cls.process_weights_after_loading = process_weights_after_loading
+
+
+def install() -> None:
+    from vllm.model_executor.layers.quantization import auto_awq, auto_gptq
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (
+        compressed_tensors_moe_wna16 as ct,
+    )
+
+    _wrap(ct, ct.CompressedTensorsWNA16MoEMethod)
+    _wrap(auto_gptq, auto_gptq.AutoGPTQMoEMethod)
+    _wrap(auto_awq, auto_awq.AutoAWQMoEMethod)
+
+
+def _pack_layer(method, layer, scales, zeros) -> None:
+    from w4a8moe.vllm import (_pack_zero_point_layer, _unpack_cols, _unpack_rows, pack_awq_moe,
+                              pack_gptq_moe)
+
+    from .w4a8 import check_weight_shapes
+
+    scheme = method.w4a8moe_scheme
+    group, symmetric, fmt = scheme["group"], scheme["symmetric"], scheme["fmt"]
+    core.check_scales_loaded(layer, scales)
+    experts = getattr(layer, scales[0]).shape[0]
+    if not symmetric:
+        _check_loads(layer, zeros, experts)
+    _, layout = core.ACTIVATIONS[core.activation_name(method.moe)]
+    loaded_only = fmt != "compressed-tensors"  # GPTQ/AWQ register zero biases of their own
+    bias13 = core.bias_of(layer, "w13_bias", loaded_only)
+    bias2 = core.bias_of(layer, "w2_bias", loaded_only)
+    s13, s2 = (getattr(layer, n).data for n in scales)
+    if fmt == "compressed-tensors":
+        # weight_packed [E, N, K/8]: input k in bits 4 (k % 8), stored q + 8; zero points
+        # [E, N/8, G] packed along the rows the same way (docs/checkpoints.md)
+        q13 = _unpack_cols(layer.w13_weight_packed.data, awq=False)
+        q2 = _unpack_cols(layer.w2_weight_packed.data, awq=False)
+        check_weight_shapes(layer, q13.shape[1] // 2, q13.shape[2], q2.shape[2])
+        z13 = z2 = None
+        if not symmetric:
+            z13 = _unpack_rows(layer.w13_weight_zero_point.data)
+            z2 = _unpack_rows(layer.w2_weight_zero_point.data)
+        w13_packed, w2_packed = _pack_zero_point_layer(
+            q13, q2, z13, z2, s13, s2, group, None, None, "", symmetric, bias13, bias2, layout)
+        free = ["w13_weight_packed", "w2_weight_packed", "w13_weight_shape", "w2_weight_shape"]
+    elif fmt in ("gptq", "gptq_v2"):
+        w13_packed, w2_packed = pack_gptq_moe(
+            layer.w13_qweight.data, layer.w2_qweight.data, s13, s2, group,
+            w13_qzeros=layer.w13_qzeros.data, w2_qzeros=layer.w2_qzeros.data, sym=symmetric,
+            zeros_minus_one=fmt == "gptq", w13_bias=bias13, w2_bias=bias2,
+            gate_up_layout=layout)
+        free = ["w13_qweight", "w2_qweight"]
+    else:
+        w13_packed, w2_packed = pack_awq_moe(
+            layer.w13_qweight.data, layer.w2_qweight.data, s13, s2, layer.w13_qzeros.data,
+            layer.w2_qzeros.data, group, w13_bias=bias13, w2_bias=bias2, gate_up_layout=layout)
+        free = ["w13_qweight", "w2_qweight"]
+    free += list(scales) + list(zeros) + ["w13_bias", "w2_bias"]
+    core.install_layer(method, layer, w13_packed, w2_packed, group, free)
