@@ -9,7 +9,9 @@ model in transformers (float32, the experts' weights decoded from the file): the
 measured floor (the decoded model unquantized in vLLM, bfloat16) plus 2.5% for the int8
 activations w4a8moe adds (this is a W4A8 computation of a W4A16 checkpoint), as in
 test_vllm_engine.py, whose helpers this file uses. The trace shows w4a8moe packed both MoE layers
-in the file's format and ran them at every step.
+in the file's format and ran them at every step. One checkpoint of each format is served over
+vLLM's OpenAI API instead, by the command docs/vllm.md gives (vllm_serve.py), and checked the
+same way from the server's answers.
 """
 
 import json
@@ -22,6 +24,7 @@ pytest.importorskip("compressed_tensors", reason="compressed-tensors missing")
 
 import vllm_int4_models  # noqa: E402
 import vllm_models  # noqa: E402
+import vllm_serve  # noqa: E402
 from test_vllm_engine import (INT8_ACTIVATIONS, PROMPT, centred, relative_rms,  # noqa: E402
                               run_vllm)
 
@@ -34,6 +37,10 @@ CT = {
 }
 CASES = [(name, "compressed-tensors") for name in CT] + [
     (name, fmt) for name, spec in CT.items() for fmt in spec[4]]
+# one checkpoint of each format is served over vLLM's OpenAI API by the command docs/vllm.md
+# gives (python/tests/vllm_serve.py), the others run in vllm.LLM: the same engine, one start each
+SERVED = {("g128-actorder-weight", "compressed-tensors"), ("sym-g32", "gptq"),
+          ("asym-g64", "awq"), ("gpt-oss", "mxfp4")}
 _made = {}
 
 
@@ -49,6 +56,23 @@ def checkpoint(name, tmp_path_factory):
             float_folder=str(root / "dense"))
         _made[name] = dict(root=root, model=model, floor=None)
     return _made[name]
+
+
+def run(folder, tmp_path, served):
+    """(result, trace, log) of vllm.LLM or of the server on `folder`."""
+    if not served:
+        return run_vllm(folder, tmp_path)
+    trace = tmp_path / f"trace-served-{folder.name}.txt"
+    result, log = vllm_serve.serve_and_ask(
+        folder, PROMPT, tokens=4, vocab=256, log_path=tmp_path / f"server-{folder.name}.log",
+        env={"W4A8MOE_VLLM_TRACE": str(trace)})
+    assert "error" not in result, result["error"]
+    assert result["streamed_text"] == result["text"], result
+    assert result["hostile_status"] == 400, result
+    assert result["text_after_hostile"] == result["text"], result
+    assert result["text"] == " " + " ".join(
+        "<unk>" if t == 0 else f"w{t}" for t in result["tokens"]), result
+    return result, trace.read_text().splitlines() if trace.exists() else [], log
 
 
 def reference_of(model):
@@ -89,7 +113,7 @@ def test_int4_checkpoint_runs_through_w4a8moe(name, fmt, tmp_path, tmp_path_fact
         made["floor"], floor_trace, _ = run_vllm(made["root"] / "dense", tmp_path)
         assert "error" not in made["floor"], made["floor"]["error"]
         assert not floor_trace
-    result, trace, log = run_vllm(folder, tmp_path)
+    result, trace, log = run(folder, tmp_path, (name, fmt) in SERVED)
     word = "int4_symmetric" if symmetric else "int4_zero_point"
     check_against_reference(result, trace, log, reference_of(made["model"]), made["floor"],
                             word, g)
@@ -100,7 +124,7 @@ def test_gpt_oss_mxfp4_runs_through_w4a8moe(tmp_path):
         tmp_path / "dense"))
     floor, floor_trace, _ = run_vllm(tmp_path / "dense", tmp_path)
     assert "error" not in floor, floor["error"]
-    result, trace, log = run_vllm(tmp_path / "oss", tmp_path)
+    result, trace, log = run(tmp_path / "oss", tmp_path, ("gpt-oss", "mxfp4") in SERVED)
     check_against_reference(result, trace, log, reference_of(model), floor, "mxfp4", 32)
     assert all(line.split()[6] == "swigluoai" for line in trace if " pack " in line)
 
