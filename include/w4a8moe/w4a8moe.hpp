@@ -376,6 +376,26 @@ void forward(Context& context, const TensorView& x, const TensorView& topk_ids,
 void check_moe_params(const MoeParams& params);
 
 // ---------------------------------------------------------------------------------------------
+// Dense linear layers
+
+// The dense int4 layers of the same checkpoints (attention projections, shared experts), for
+// engines that have no int4 kernel of their own on a CPU: out[t, n] = SUM_k x[t, k] * W[n, k]
+// + bias[n], each row of x quantized per row to int8 exactly as forward() quantizes a token, the
+// weights' group sums as in forward() (docs/operator.md, "Dense linear layers").
+// w: int4 values as int8 [N, K] in [-8, 7], or nibble-packed uint8 [N, K/2] (as pack_w2's);
+// mxfp4 codes as uint8 [N, K/2]. scale: [N, K/g], or [N] channel-wise. zero_point: empty, or
+// (PackOptions::weight_format int4_zero_point) int8 in [-8, 7] shaped like the scale. bias:
+// empty or [N]. PackOptions::experts, input_order and gate_up_layout do not apply (Error when
+// set). The buffer is a w2-role buffer of one expert (inspect_packed says so).
+PackedWeights pack_linear(const TensorView& w, const TensorView& scale,
+                          const TensorView& zero_point, const TensorView& bias,
+                          const PackOptions& options);
+// x [T, K] f32/bf16/f16 (row stride may exceed K); w_packed from pack_linear; out [T, N] of x's
+// dtype or f32, not overlapping x. Bit-identical for any thread count.
+void linear(Context& context, const TensorView& x, std::span<const uint8_t> w_packed,
+            const MutableTensorView& out);
+
+// ---------------------------------------------------------------------------------------------
 // Companions
 
 // The logical (unpacked) weights, as given to the packer.

@@ -31,6 +31,7 @@
 #include <thread>
 
 #include "api/accumulate.hpp"
+#include "api/context_impl.hpp"
 #include "api/forward_driver.hpp"
 #include "api/task_claims.hpp"
 #include "api/validate.hpp"
@@ -53,12 +54,6 @@ constexpr int64_t kSliceHMax = 256;                 // rows of down per phase-2 
 constexpr int64_t kQuantBatch = 8;                  // rows per claim in phase 0
 constexpr size_t kChunkScratch = size_t{64} << 20;  // target scratch bytes per chunk
 
-size_t align64(size_t v) { return (v + 63) / 64 * 64; }
-
-struct AlignedFree {
-  void operator()(uint8_t* p) const noexcept { std::free(p); }
-};
-
 }  // namespace
 
 // Scratch of one chunk, carved from the context's arena.
@@ -78,83 +73,6 @@ struct Scratch {
   size_t qx_stride = 0, m_stride = 0, qm_stride = 0, thread_floats = 0;
 };
 
-}  // namespace detail
-
-struct Context::Impl {
-  explicit Impl(int threads) : pool(threads), gate_up_tasks(threads), down_tasks(threads) {}
-  Impl(int threads, detail::ExecutorFn executor)
-      : pool(threads, std::move(executor)), gate_up_tasks(threads), down_tasks(threads) {}
-  detail::ThreadPool pool;
-  detail::TaskClaims gate_up_tasks, down_tasks;  // of the running chunk's phases 1 and 2
-  std::unique_ptr<uint8_t, detail::AlignedFree> arena;
-  size_t arena_bytes = 0;
-  size_t memory_limit = Context::kDefaultMemoryLimit;
-
-  uint8_t* reserve(size_t bytes) {
-    if (bytes > arena_bytes) {
-      arena.reset();
-      auto* p = static_cast<uint8_t*>(detail::large_alloc(bytes, 64));
-      if (p == nullptr)  // a message, not std::bad_alloc
-        throw Error(detail::cat("context: cannot allocate ", detail::align64(bytes),
-                                " bytes of scratch memory"));
-      arena.reset(p);
-      arena_bytes = detail::align64(bytes);  // in use; the allocation may round up to 2 MiB
-    }
-    return arena.get();
-  }
-};
-
-Context::Context(int threads) {
-  if (threads < 0)
-    throw Error(detail::cat("threads: expected 0 (all hardware threads) or a positive count, got ",
-                            threads));
-  if (threads == 0)
-    threads = static_cast<int>(
-        std::clamp<unsigned>(std::thread::hardware_concurrency(), 1u, unsigned{kMaxThreads}));
-  // Resource limits: a bounded pool, and a message when the system refuses threads.
-  if (threads > kMaxThreads)
-    throw Error(detail::cat("threads: expected at most ", kMaxThreads, ", got ", threads));
-  try {
-    impl_ = std::make_unique<Impl>(threads);
-  } catch (const std::system_error& e) {
-    throw Error(detail::cat("threads: cannot start ", threads, " threads (", e.what(), ")"));
-  }
-}
-
-Context::Context(Executor executor) {
-  if (executor.threads < 1 || executor.threads > kMaxThreads)
-    throw Error(detail::cat("executor.threads: expected a task count in [1, ", kMaxThreads,
-                            "], got ", executor.threads));
-  if (!executor.parallel_for)
-    throw Error("executor.parallel_for: expected a function, got an empty one");
-  impl_ = std::make_unique<Impl>(executor.threads, std::move(executor.parallel_for));
-}
-
-Context::~Context() = default;
-
-void Context::set_spin_wait(std::chrono::microseconds wait) {
-  if (wait < std::chrono::microseconds{0} || wait > kMaxSpinWait)
-    throw Error(detail::cat("spin_wait: expected 0 to ", kMaxSpinWait.count(),
-                            " microseconds, got ", wait.count()));
-  impl_->pool.set_spin_ns(std::chrono::nanoseconds(wait).count());
-}
-
-std::chrono::microseconds Context::spin_wait() const noexcept {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-      std::chrono::nanoseconds(impl_->pool.spin_ns()));
-}
-
-bool Context::on_executor() const noexcept { return impl_->pool.on_executor(); }
-
-int Context::threads() const noexcept { return impl_->pool.size(); }
-
-size_t Context::scratch_bytes() const noexcept { return impl_->arena_bytes; }
-
-void Context::set_memory_limit(size_t bytes) noexcept { impl_->memory_limit = bytes; }
-
-size_t Context::memory_limit() const noexcept { return impl_->memory_limit; }
-
-namespace detail {
 namespace {
 
 struct Problem : ForwardJob {

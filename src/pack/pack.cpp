@@ -217,16 +217,25 @@ void pack_expert(const PackJob& job, int64_t e, uint8_t* block) {
                 static_cast<size_t>(g.cols) * 4);
 }
 
+// The names errors give the tensors: the role's, or a linear layer's ("w", "w_scale", ...).
+struct TensorNames {
+  std::string_view w, scale, zero_point, bias;
+};
+
+TensorNames names_of(WeightRole role) {
+  return role == WeightRole::w13
+             ? TensorNames{"w13", "w13_scale", "w13_zero_point", "w13_bias"}
+             : TensorNames{"w2", "w2_scale", "w2_zero_point", "w2_bias"};
+}
+
 PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale,
                    const TensorView& zero_point, const TensorView& bias,
-                   const PackOptions& options) {
+                   const PackOptions& options, const TensorNames& names) {
   const bool is_w13 = role == WeightRole::w13;
-  const std::string_view w_name = is_w13 ? "w13" : "w2";
+  const std::string_view w_name = names.w;
   PackJob job{&w, &scale, &zero_point, &bias, &options.input_order, {}, {}, false, w_name};
-  job.in = check_weight_input(w, scale, zero_point, bias, options.group_size, w_name,
-                              is_w13 ? "w13_scale" : "w2_scale",
-                              is_w13 ? "w13_zero_point" : "w2_zero_point",
-                              is_w13 ? "w13_bias" : "w2_bias", options.weight_format);
+  job.in = check_weight_input(w, scale, zero_point, bias, options.group_size, w_name, names.scale,
+                              names.zero_point, names.bias, options.weight_format);
   check_input_order(options.input_order, role, job.in.experts, job.in.cols,
                     "PackOptions::input_order");
   const bool mxfp4 = options.weight_format == WeightFormat::mxfp4;
@@ -304,22 +313,76 @@ size_t packed_size(WeightRole role, int64_t experts, int64_t rows, int64_t cols,
 
 PackedWeights pack_w13(const TensorView& w13, const TensorView& scale, const TensorView& bias,
                        const PackOptions& options) {
-  return detail::pack(WeightRole::w13, w13, scale, TensorView{}, bias, options);
+  return detail::pack(WeightRole::w13, w13, scale, TensorView{}, bias, options,
+                      detail::names_of(WeightRole::w13));
 }
 
 PackedWeights pack_w2(const TensorView& w2, const TensorView& scale, const TensorView& bias,
                       const PackOptions& options) {
-  return detail::pack(WeightRole::w2, w2, scale, TensorView{}, bias, options);
+  return detail::pack(WeightRole::w2, w2, scale, TensorView{}, bias, options,
+                      detail::names_of(WeightRole::w2));
 }
 
 PackedWeights pack_w13(const TensorView& w13, const TensorView& scale, const TensorView& zero_point,
                        const TensorView& bias, const PackOptions& options) {
-  return detail::pack(WeightRole::w13, w13, scale, zero_point, bias, options);
+  return detail::pack(WeightRole::w13, w13, scale, zero_point, bias, options,
+                      detail::names_of(WeightRole::w13));
 }
 
 PackedWeights pack_w2(const TensorView& w2, const TensorView& scale, const TensorView& zero_point,
                       const TensorView& bias, const PackOptions& options) {
-  return detail::pack(WeightRole::w2, w2, scale, zero_point, bias, options);
+  return detail::pack(WeightRole::w2, w2, scale, zero_point, bias, options,
+                      detail::names_of(WeightRole::w2));
+}
+
+namespace {
+
+// A rank-2 (or, with `rank1`, rank-1) tensor of a linear layer as one expert: [1, ...].
+TensorView as_one_expert(const TensorView& t, std::string_view name, bool rank1_allowed) {
+  if (t.empty()) return t;
+  const bool ok = t.rank == 2 || (rank1_allowed && t.rank == 1);
+  if (!ok)
+    throw Error(detail::cat(name, ": expected rank 2", rank1_allowed ? " (or 1)" : "",
+                            ", got shape ", detail::shape_of(t)));
+  if (t.rank == 2 && t.row_stride != 0 && t.row_stride != t.shape[1])
+    throw Error(detail::cat(name, ": expected contiguous rows (row stride ", t.shape[1],
+                            "), got row stride ", t.row_stride));
+  TensorView v = t;
+  v.rank = t.rank + 1;
+  v.shape = {1, t.shape[0], t.rank == 2 ? t.shape[1] : 0};
+  v.row_stride = 0;
+  return v;
+}
+
+}  // namespace
+
+PackedWeights pack_linear(const TensorView& w, const TensorView& scale,
+                          const TensorView& zero_point, const TensorView& bias,
+                          const PackOptions& options) {
+  if (!options.experts.empty())
+    throw Error("PackOptions::experts: expected none for a linear layer's weights, got a list");
+  if (!options.input_order.empty())
+    throw Error("PackOptions::input_order: expected none for a linear layer's weights, got one");
+  if (options.gate_up_layout != GateUpLayout::halves)
+    throw Error("PackOptions::gate_up_layout: expected halves (the default) for a linear layer's "
+                "weights, got interleaved");
+  detail::require_data(w.data, "w");
+  if (w.rank != 2)
+    throw Error(detail::cat("w: expected rank 2 [N, K] (or [N, K/2] nibble-packed), got shape ",
+                            detail::shape_of(w)));
+  const TensorView w3 = as_one_expert(w, "w", false);
+  const TensorView s3 = as_one_expert(scale, "w_scale", true);
+  const TensorView z3 = as_one_expert(zero_point, "w_zero_point", true);
+  TensorView b2 = bias;
+  if (!bias.empty()) {
+    if (bias.rank != 1)
+      throw Error(detail::cat("w_bias: expected rank 1 [N], got shape ", detail::shape_of(bias)));
+    b2.rank = 2;
+    b2.shape = {1, bias.shape[0], 0};
+    b2.row_stride = 0;
+  }
+  return detail::pack(WeightRole::w2, w3, s3, z3, b2, options,
+                      {"w", "w_scale", "w_zero_point", "w_bias"});
 }
 
 }  // namespace w4a8moe

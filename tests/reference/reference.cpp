@@ -436,4 +436,32 @@ std::vector<double> float_forward(const Problem& p) {
   return res;
 }
 
+std::vector<double> exact_linear(std::span<const float> x, int64_t tokens, int64_t cols,
+                                 std::span<const int8_t> w, std::span<const float> scale,
+                                 int64_t rows, int group_size, std::span<const float> bias) {
+  const int64_t g = group_size < 0 ? cols : group_size;
+  const int64_t groups = cols / g;
+  if (g < 1 || cols % g != 0 || static_cast<int64_t>(x.size()) != tokens * cols ||
+      static_cast<int64_t>(w.size()) != rows * cols ||
+      static_cast<int64_t>(scale.size()) != rows * groups ||
+      (!bias.empty() && static_cast<int64_t>(bias.size()) != rows))
+    throw std::invalid_argument("moe_ref: exact_linear: sizes do not fit");
+  std::vector<double> out(static_cast<size_t>(tokens * rows));
+  for (int64_t t = 0; t < tokens; ++t) {
+    const QuantRow r = quant_row(x.subspan(static_cast<size_t>(t * cols), static_cast<size_t>(cols)));
+    for (int64_t n = 0; n < rows; ++n) {
+      double y = 0.0;
+      for (int64_t b = 0; b < groups; ++b) {
+        int64_t sum = 0;  // exact
+        for (int64_t k = b * g; k < (b + 1) * g; ++k)
+          sum += static_cast<int64_t>(r.q[static_cast<size_t>(k)] - r.zp) * w[static_cast<size_t>(n * cols + k)];
+        y += static_cast<double>(scale[static_cast<size_t>(n * groups + b)]) * static_cast<double>(sum);
+      }
+      y = y * static_cast<double>(r.recip) + (bias.empty() ? 0.0 : static_cast<double>(bias[static_cast<size_t>(n)]));
+      out[static_cast<size_t>(t * rows + n)] = r.finite ? y : std::nan("");
+    }
+  }
+  return out;
+}
+
 }  // namespace moe_ref

@@ -114,4 +114,14 @@ ExactResult exact_forward(const Problem& p, const ExactOptions& options = {});
 // [T, H] in double. Tokens with NaN or Inf give NaN rows.
 std::vector<double> float_forward(const Problem& p);
 
+// ---- a dense linear layer (docs/operator.md, "Dense linear layers") --------------------------
+
+// out[t, n] = recip_t * SUM_b s[n, b] * SUM_{k in b} (q_t[k] - zp_t) * w[n, k] + bias[n], in
+// double, with (q_t, zp_t, recip_t) = quant_row(x[t]). x [T, K]; w [N, K] the integer weight
+// values (int4 less its zero point, or MXFP4's doubled e2m1 values); scale [N, K/g], or [N]
+// with group_size -1; bias empty or [N]. Rows of x with NaN or Inf give NaN rows.
+std::vector<double> exact_linear(std::span<const float> x, int64_t tokens, int64_t cols,
+                                 std::span<const int8_t> w, std::span<const float> scale,
+                                 int64_t rows, int group_size, std::span<const float> bias);
+
 }  // namespace moe_ref
