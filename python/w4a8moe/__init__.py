@@ -31,9 +31,11 @@ __all__ = [
     "dequantize_weights",
     "get_num_threads",
     "is_supported_config",
+    "linear",
     "moe",
     "ops",
     "pack",
+    "pack_linear",
     "packed_info",
     "quant_row",
     "reference_moe",
@@ -193,6 +195,33 @@ def moe(
         x, topk_ids, topk_weights, w13_packed, w2_packed, hidden_size, intermediate_size,
         group_size, apply_router_weight_on_input, activation_code(activation), alpha, limit,
     )
+
+
+def pack_linear(
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    group_size: int,
+    *,
+    bias: Optional[torch.Tensor] = None,
+    weight_zero_point: Optional[torch.Tensor] = None,
+    kernel_set: str = "",
+) -> torch.Tensor:
+    """A dense linear layer's weights packed for linear(): weight int8 [N, K] in [-8, 7] (or
+    nibble-packed uint8 [N, K/2]; MXFP4: uint8 e2m1 codes with uint8 e8m0 scales, group 32),
+    weight_scale [N, K/g] or [N] (group_size -1), zero points int8 shaped like the scales
+    (int4 with zero points), bias [N]."""
+    return ops.pack_linear(weight, weight_scale, group_size, bias, weight_zero_point, kernel_set)
+
+
+def linear(x: torch.Tensor, w_packed: torch.Tensor,
+           out_features: Optional[int] = None) -> torch.Tensor:
+    """x [..., K] float32/bfloat16/float16 -> x W^T + bias, [..., N] in x's dtype, each row of x
+    quantized per row to int8 as moe() does (docs/pytorch.md, "Dense linear layers").
+    out_features is read from the packed header when omitted (pass it for meta or fake
+    tensors)."""
+    if out_features is None:
+        out_features = packed_info(w_packed).rows
+    return ops.linear(x, w_packed, out_features)
 
 
 def is_supported_config(

@@ -1,4 +1,4 @@
-"""Shape functions ("fake" implementations) of the forward ops for torch 2.
+"""Shape functions ("fake" implementations) of the forward ops (MoE and dense linear) for torch 2.
 
 torch.compile, torch.export and FakeTensorMode run these instead of the CPU kernel: the output's
 shape and dtype from the inputs' shapes and dtypes, no data read and nothing computed. Written in
@@ -90,6 +90,18 @@ def forward_local_fake(x, topk_ids, topk_weights, w13_packed, w2_packed, expert_
     return out.to(torch.float32) if f32_output else out
 
 
+def linear_fake(x, w_packed, out_features):
+    if w_packed.dtype != torch.uint8:
+        _fail(f"w_packed: expected a uint8 tensor of packed weights, got {w_packed.dtype}")
+    if x.dim() < 1:
+        _fail("x: expected rank 1 or more [..., K], got a scalar")
+    if x.dtype not in _FLOATS:
+        _fail(f"x: expected dtype float32, bfloat16 or float16, got {x.dtype}")
+    if out_features < 1:
+        _fail(f"out_features: expected a positive value, got {out_features}")
+    return x.new_empty((*x.shape[:-1], out_features))
+
+
 def register() -> bool:
     """Registers the shape functions where the torch version takes them from Python (2.x);
     returns whether it did."""
@@ -101,4 +113,5 @@ def register() -> bool:
     register_fake("w4a8moe::dynamic_4bit_int_moe")(moe_fake)
     register_fake("w4a8moe::dynamic_4bit_int_moe_ex")(moe_ex_fake)
     register_fake("w4a8moe::forward_local")(forward_local_fake)
+    register_fake("w4a8moe::linear")(linear_fake)
     return True
