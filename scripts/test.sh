@@ -38,7 +38,8 @@ torch2_stage
 # (vLLM's CPU build, install-deps.sh --vllm), then the engine tests (python/tests/
 # test_vllm_engine.py: tiny W4A8 checkpoints by compressed-tensors, vllm.LLM, transformers'
 # reference; test_vllm_formats.py: W4A16, GPTQ, AWQ and MXFP4, some served over the OpenAI API
-# by docs/vllm.md's command) and the rest of the suite against that torch, from outside the clone.
+# by docs/vllm.md's command; test_vllm_dense.py: their dense int4 layers) and the rest of the
+# suite against that torch, from outside the clone.
 vllm_stage() {
   local start=$SECONDS repo=$PWD venv
   scripts/install-deps.sh --vllm
@@ -48,7 +49,8 @@ vllm_stage() {
     --no-build-isolation --no-deps --force-reinstall -Ccmake.define.W4A8MOE_WERROR=ON .
   (cd /tmp && W4A8MOE_CLI="$repo/build-test/w4a8moe" \
      "$venv/bin/python" -m pytest -q -p no:cacheprovider "$repo/python/tests/test_vllm_engine.py" \
-     "$repo/python/tests/test_vllm_formats.py" "$repo/python/tests/test_vllm_plugin.py" "$repo/python/tests/test_vllm_dropin.py" \
+     "$repo/python/tests/test_vllm_formats.py" "$repo/python/tests/test_vllm_dense.py" \
+     "$repo/python/tests/test_vllm_plugin.py" "$repo/python/tests/test_vllm_dropin.py" \
      "$repo/python/tests/test_vllm_quantized.py" "$repo/python/tests/test_vllm_packers.py")
   echo "== vLLM stage: $((SECONDS - start)) s =="
 }

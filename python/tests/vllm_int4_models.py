@@ -16,6 +16,7 @@ reference holds transformers' own decoding of the same bytes (convert_moe_packed
 import json
 import math
 import os
+import re
 
 import torch
 
@@ -33,9 +34,10 @@ def _unpack(words, along_rows):
     return q.reshape(words.shape[0], words.shape[1] * 8)
 
 
-def reencode(ct_folder, folder, fmt, *, group_size, symmetric):
+def reencode(ct_folder, folder, fmt, *, group_size, symmetric, int4_attention=False):
     """Writes `folder`: the compressed-tensors W4A16 `pack-quantized` checkpoint in ct_folder
-    with its experts re-encoded as fmt ("gptq", "gptq_v2" or "awq")."""
+    with its experts (and, int4_attention, its attention projections) re-encoded as fmt
+    ("gptq", "gptq_v2" or "awq")."""
     from safetensors.torch import load_file, save_file
     from vllm.model_executor.layers.quantization.utils import quant_utils
 
@@ -46,7 +48,7 @@ def reencode(ct_folder, folder, fmt, *, group_size, symmetric):
     out = {}
     for name, t in state.items():
         if not name.endswith(".weight_packed"):
-            if ".experts." not in name:
+            if not re.search(r"\.weight_(scale|zero_point|shape)$", name):
                 out[name] = t
             continue
         base = name[: -len(".weight_packed")]
@@ -78,12 +80,14 @@ def reencode(ct_folder, folder, fmt, *, group_size, symmetric):
     if fmt == "awq":
         config["quantization_config"] = {
             "quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True,
-            "version": "gemm", "modules_to_not_convert": ["self_attn", "mlp.gate", "lm_head"]}
+            "version": "gemm", "modules_to_not_convert": (
+                [] if int4_attention else ["self_attn"]) + ["mlp.gate", "lm_head"]}
     else:
         config["quantization_config"] = {
             "quant_method": "gptq", "bits": 4, "group_size": group_size, "sym": symmetric,
             "desc_act": False, "checkpoint_format": fmt, "lm_head": False,
-            "modules_in_block_to_quantize": ["mlp.experts"]}
+            "modules_in_block_to_quantize": ["mlp.experts"] + (
+                [f"self_attn.{p}_proj" for p in "qkvo"] if int4_attention else [])}
     with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
         json.dump(config, f)
 

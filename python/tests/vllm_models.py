@@ -18,6 +18,7 @@ the fake-quantized (dequantized) ones: what the checkpoint means, without int8 a
 import json
 import math
 import os
+import re
 
 import torch
 
@@ -102,12 +103,14 @@ class _Tree(torch.nn.Module):
 
 def make_checkpoint(folder, family="qwen3_moe", *, strategy="group", group_size=32,
                     fmt="int-quantized", seed=0, float_folder=None, symmetric=True,
-                    activations=True, actorder=None, **sizes):
+                    activations=True, actorder=None, int4_attention=False, **sizes):
     """Writes the checkpoint; returns the float32 transformers model it means (the reference).
     float_folder: also write the same model unquantized (the experts' dequantized weights in
     float32, no quantization_config), which vLLM runs in bfloat16 to give the error floor.
     activations=False: W4A16 (no input_activations; vLLM's WNA16 method); symmetric=False:
-    zero points; actorder: compressed-tensors' actorder field ("weight": static)."""
+    zero points; actorder: compressed-tensors' actorder field ("weight": static);
+    int4_attention: the attention projections quantized too (dense int4 layers, as GPTQ / AWQ /
+    W4A16 checkpoints of MoE models have them)."""
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig,
                                                  QuantizationScheme, apply_quantization_config)
@@ -136,10 +139,18 @@ def make_checkpoint(folder, family="qwen3_moe", *, strategy="group", group_size=
         for e in range(E):
             gate, up, down = _expert_names(family, layer, e)
             shapes.update({gate: (I, H), up: (I, H), down: (H, I)})
+    attention = {}
+    if int4_attention:
+        for name, module in model.named_modules():
+            if re.fullmatch(r"model\.layers\.\d+\.self_attn\.[qkvo]_proj", name):
+                attention[name] = module
+                shapes[name] = tuple(module.weight.shape)
     tree = _Tree(shapes)
     with torch.no_grad():
-        for module in tree.modules():
-            if isinstance(module, torch.nn.Linear):
+        for name, module in tree.named_modules():
+            if name in attention:
+                module.weight.copy_(attention[name].weight)
+            elif isinstance(module, torch.nn.Linear):
                 w = torch.randn(module.weight.shape, generator=gen) * 1.5 / math.sqrt(
                     module.weight.shape[1])
                 module.weight.copy_(w)
@@ -150,6 +161,8 @@ def make_checkpoint(folder, family="qwen3_moe", *, strategy="group", group_size=
     acts = QuantizationArgs(num_bits=8, type="int", symmetric=True, strategy="token",
                             dynamic=True) if activations else None
     targets = [r"re:.*experts\.\d+\.(gate_proj|up_proj|down_proj|w1|w2|w3)$"]
+    if int4_attention:
+        targets.append(r"re:.*self_attn\.(q|k|v|o)_proj$")
     qconfig = QuantizationConfig(
         config_groups={"group_0": QuantizationScheme(targets=targets, weights=weights,
                                                      input_activations=acts)},
@@ -162,7 +175,8 @@ def make_checkpoint(folder, family="qwen3_moe", *, strategy="group", group_size=
         # bfloat16 scales (as the checkpoint stores them), so the reference uses the same ones
         plain[name] = quantize_with_qparams(module, weights, strategy, group_size,
                                             scale_dtype=torch.bfloat16).clone()
-    assert len(plain) == 3 * E * L, f"compressed-tensors quantized {len(plain)} of {3 * E * L}"
+    want = 3 * E * L + len(attention)
+    assert len(plain) == want, f"compressed-tensors quantized {len(plain)} of {want}"
     compressor = ModelCompressor.from_pretrained_model(tree, quantization_format=fmt)
     compressor.compress_model(tree)
     expert_state = {k: v.contiguous() for k, v in tree.state_dict().items()}
@@ -175,10 +189,12 @@ def make_checkpoint(folder, family="qwen3_moe", *, strategy="group", group_size=
                 gate, up, down = (plain[n] for n in _expert_names(family, layer, e))
                 gate_up[e].copy_(torch.cat([gate, up]))
                 down_all[e].copy_(down)
+        for name, module in attention.items():
+            module.weight.copy_(plain[name])
 
     state = {}
     for name, t in model.state_dict().items():
-        if ".experts." in name:
+        if ".experts." in name or name.rsplit(".", 1)[0] in attention:
             continue
         if family == "mixtral":
             name = name.replace(".mlp.", ".block_sparse_moe.")
@@ -191,7 +207,8 @@ def make_checkpoint(folder, family="qwen3_moe", *, strategy="group", group_size=
     config.save_pretrained(folder)
     compressor.update_config(folder)
     if float_folder is not None:
-        dense = {k: v for k, v in state.items() if ".experts." not in k}
+        dense = {k: v for k, v in state.items() if ".experts." not in k
+                 and k.rsplit(".", 1)[0] not in attention}
         dense.update({f"{name}.weight": w.contiguous() for name, w in plain.items()})
         os.makedirs(float_folder, exist_ok=True)
         save_file(dense, os.path.join(float_folder, "model.safetensors"),
@@ -200,7 +217,7 @@ def make_checkpoint(folder, family="qwen3_moe", *, strategy="group", group_size=
     # Non-expert weights are saved in bfloat16; the reference uses the same rounded values.
     with torch.no_grad():
         for name, t in model.state_dict().items():
-            if ".experts." not in name:
+            if ".experts." not in name and name.rsplit(".", 1)[0] not in attention:
                 t.copy_(t.to(torch.bfloat16).float())
     return model
 

@@ -6,6 +6,8 @@ first generated token. Prints one JSON object on the last line of stdout:
 or {"error": "<type>: <message>"} when vLLM refuses the checkpoint.
 
     python vllm_run.py FOLDER --prompt 1,2,3 --tokens 4 [--vocab 256]
+
+W4A8MOE_TEST_VLLM_AVX2=1 runs vLLM as it runs on an x86 CPU without AVX-512 (on any host).
 """
 
 import argparse
@@ -25,6 +27,12 @@ def main():
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     prompt = [int(t) for t in args.prompt.split(",")]
+    if os.environ.get("W4A8MOE_TEST_VLLM_AVX2") == "1":
+        # vLLM as on an x86 CPU without AVX-512: it loads its AVX2 extension (which lacks the
+        # CPU int4 linear op cpu_gemm_wna16) and its AVX2 attention
+        import torch
+
+        torch.cpu._is_avx512_supported = lambda: False
     try:
         from vllm import LLM, SamplingParams
 

@@ -9,6 +9,8 @@ experts kernel of a MoE layer, one module per vLLM method family, around a share
   wna16  compressed-tensors W4A16, GPTQ and AWQ int4 (computed as W4A8: the weights exactly,
          the activations quantized per token to int8)
   mxfp4  gpt-oss MXFP4 (likewise)
+  dense  the dense int4 linear layers of GPTQ, AWQ and W4A16 checkpoints (attention, shared
+         experts), where vLLM has no kernel for them: x86 without AVX-512 (likewise)
 
 For each layer: its configuration is offered to w4a8moe first; when w4a8moe takes it, vLLM's
 log says so, and when w4a8moe refuses, the log gives the reason and vLLM's own selection runs
@@ -21,6 +23,8 @@ Settings (environment variables, read in each vLLM process):
   W4A8MOE_VLLM          "auto" (default): as above; "off": the plugin does nothing.
   W4A8MOE_VLLM_FORMATS  "all" (default) or a comma list of w4a8, wna16, mxfp4: the families
                         w4a8moe takes; the others are left to vLLM.
+  W4A8MOE_VLLM_DENSE    "auto" (default): the dense int4 layers where vLLM's own CPU kernel is
+                        missing; "on": every dense int4 layer; "off": none.
   W4A8MOE_VLLM_TRACE    a file path: each process appends one line per layer packed
                         ("pack <H> <I> <E> <group> <activation> <kernel set> <weight format>")
                         and per forward call ("forward <tokens> <1 if the router weight is on
@@ -68,9 +72,11 @@ def _install(wanted) -> None:
     with _install_lock:
         if _installed:
             return
-        from . import mxfp4, w4a8, wna16
+        from . import dense, mxfp4, w4a8, wna16
 
         for name, module in (("w4a8", w4a8), ("wna16", wna16), ("mxfp4", mxfp4)):
             if name in wanted:
                 module.install()
+        if dense.mode() != "off":
+            dense.install()
         _installed = True

@@ -71,6 +71,10 @@ def families() -> Tuple[str, ...]:
     return names
 
 
+def tracing() -> bool:
+    return bool(os.environ.get("W4A8MOE_VLLM_TRACE"))
+
+
 def trace(line: str) -> None:
     path = os.environ.get("W4A8MOE_VLLM_TRACE")
     if path:

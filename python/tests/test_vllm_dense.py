@@ -1,0 +1,129 @@
+"""End to end in vLLM's CPU build: GPTQ, AWQ and compressed-tensors W4A16 checkpoints whose
+attention projections are int4 too (dense int4 layers, as the checkpoints of MoE models on the
+hubs have them), run whole through w4a8moe: the experts by the MoE families, the dense layers by
+the plugin's linear kernel (vllm_plugin/dense.py).
+
+vLLM's own CPU kernel for the dense layers (cpu_gemm_wna16) exists in its AVX-512 extension
+only. W4A8MOE_VLLM_DENSE=on gives the dense layers to w4a8moe on any CPU; W4A8MOE_TEST_VLLM_AVX2=1
+(vllm_run.py) runs vLLM as on an x86 CPU without AVX-512, where the default (auto) takes them
+and, with the plugin's dense path off, vLLM stops at its first int4 layer.
+
+Bound: as test_vllm_formats.py, the floor (the decoded model in vLLM, bfloat16) plus 2.5% for
+the int8 activations, which here are quantized at the attention's inputs too (two more per-token
+quantizations per layer: the rows entering q/k/v and o; seen 1.9-2.0% against a floor of 0.8%,
+where the experts alone give 1.7%).
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="vLLM (scripts/vllm-env.sh venv) missing")
+pytest.importorskip("compressed_tensors", reason="compressed-tensors missing")
+
+import vllm_int4_models  # noqa: E402
+import vllm_models  # noqa: E402
+from test_vllm_engine import (INT8_ACTIVATIONS, PROMPT, centred, relative_rms,  # noqa: E402
+                              run_vllm)
+_made = {}
+
+
+def checkpoint(tmp_path_factory, symmetric):
+    """A W4A16 checkpoint with int4 attention (group 32, symmetric or with zero points), its
+    float folder, reference and floor (made once per module)."""
+    key = "sym" if symmetric else "asym"
+    if key not in _made:
+        root = tmp_path_factory.mktemp(f"dense-{key}")
+        model = vllm_models.make_checkpoint(
+            str(root / "ct"), "qwen3_moe", strategy="group", group_size=32,
+            fmt="pack-quantized", symmetric=symmetric, activations=False, int4_attention=True,
+            float_folder=str(root / "dense"))
+        floor, floor_trace, _ = run_vllm(root / "dense", root)
+        assert "error" not in floor, floor["error"]
+        assert not floor_trace
+        reference = centred(torch.log_softmax(vllm_models.reference_logits(model, PROMPT), -1))
+        _made[key] = dict(root=root, reference=reference, floor=relative_rms(
+            centred(floor["logprobs"]), reference).median().item())
+    return _made[key]
+
+
+def folder_of(made, fmt, symmetric):
+    if fmt == "compressed-tensors":
+        return made["root"] / "ct"
+    folder = made["root"] / fmt
+    if not folder.exists():
+        vllm_int4_models.reencode(str(made["root"] / "ct"), str(folder), fmt, group_size=32,
+                                  symmetric=symmetric, int4_attention=True)
+    return folder
+
+
+def check_runs_whole(result, trace, log, made, fmt_word):
+    assert "error" not in result, result["error"]
+    words = [line.split()[1:] for line in trace]
+    packs = [w for w in words if w[0] == "pack"]
+    linears = [w for w in words if w[0] == "linear"]
+    assert len(packs) == 2 and all(p[7] == fmt_word for p in packs), packs
+    # per layer: qkv_proj (K 256, N (4 + 2 + 2) heads x 64) and o_proj (K 256, N 256)
+    assert sorted(w[1:4] for w in linears) == sorted([["256", "512", "32"],
+                                                      ["256", "256", "32"]] * 2), linears
+    assert all(w[5] == fmt_word for w in linears), linears
+    assert sum(1 for w in words if w[0] == "linear_forward") >= 4 * 4, "linear forward calls"
+    assert "W4A16 int4 linear" in log and "runs through w4a8moe" in log
+    ours = relative_rms(centred(result["logprobs"]), made["reference"])
+    bound = made["floor"] + INT8_ACTIVATIONS
+    print(f"{fmt_word} with int4 attention: w4a8moe median {ours.median().item():.4f} (max "
+          f"{ours.max().item():.4f}), bf16 floor {made['floor']:.4f}, bound {bound:.4f}")
+    assert ours.median().item() < bound, f"per position: {ours.tolist()}"
+    assert int((ours > bound).sum()) <= len(PROMPT) // 4, ours.tolist()
+
+
+@pytest.mark.parametrize("fmt,symmetric", [("gptq", True), ("awq", False),
+                                           ("compressed-tensors", False)])
+def test_int4_attention_runs_through_w4a8moe(fmt, symmetric, tmp_path, tmp_path_factory):
+    made = checkpoint(tmp_path_factory, symmetric)
+    result, trace, log = run_vllm(folder_of(made, fmt, symmetric), tmp_path,
+                                  env={"W4A8MOE_VLLM_DENSE": "on"})
+    check_runs_whole(result, trace, log, made, "int4_symmetric" if symmetric
+                     else "int4_zero_point")
+
+
+def test_cpu_without_avx512_runs_gptq_whole_by_default(tmp_path, tmp_path_factory):
+    """vLLM's AVX2 extension: without the plugin's dense path vLLM cannot run the model's int4
+    attention; with the default (auto) the plugin takes those layers."""
+    made = checkpoint(tmp_path_factory, True)
+    folder = folder_of(made, "gptq", True)
+    avx2 = {"W4A8MOE_TEST_VLLM_AVX2": "1"}
+    result, trace, log = run_vllm(folder, tmp_path, env=avx2)
+    check_runs_whole(result, trace, log, made, "int4_symmetric")
+    (tmp_path / "off").mkdir()  # a trace file of its own
+    refused, trace, _ = run_vllm(folder, tmp_path / "off",
+                                 env={**avx2, "W4A8MOE_VLLM_DENSE": "off"})
+    assert not [line for line in trace if " linear " in line]
+    assert "cpu_gemm_wna16" in refused.get("error", ""), refused
+
+
+def test_default_leaves_dense_layers_to_vllm_where_it_has_a_kernel(tmp_path, tmp_path_factory):
+    import vllm._custom_ops  # noqa: F401
+
+    if not hasattr(torch.ops._C, "cpu_gemm_wna16"):
+        pytest.skip("vLLM's extension here has no cpu_gemm_wna16 (no AVX-512)")
+    made = checkpoint(tmp_path_factory, True)
+    result, trace, log = run_vllm(folder_of(made, "gptq", True), tmp_path)
+    assert "error" not in result, result["error"]
+    assert not [line for line in trace if " linear " in line]
+    assert len([line for line in trace if " pack " in line]) == 2
+    assert "is left to vLLM (vLLM's own CPU kernel cpu_gemm_wna16 is present" in log
+
+
+def test_missing_dense_scale_gets_a_clear_error(tmp_path, tmp_path_factory):
+    from safetensors.torch import load_file, save_file
+
+    made = checkpoint(tmp_path_factory, True)
+    folder = tmp_path / "gptq-damaged"
+    vllm_int4_models.reencode(str(made["root"] / "ct"), str(folder), "gptq", group_size=32,
+                              symmetric=True, int4_attention=True)
+    state = load_file(str(folder / "model.safetensors"))
+    del state["model.layers.1.self_attn.o_proj.scales"]
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    result, _, _ = run_vllm(folder, tmp_path, env={"W4A8MOE_VLLM_DENSE": "on"})
+    assert "error" in result, "vLLM ran a checkpoint without an attention layer's scales"
+    assert "o_proj" in result["error"] and "scales" in result["error"], result["error"]
