@@ -6,7 +6,8 @@
 #         the kernel suites over every set, the program's suites against the sanitized program;
 #         only the largest Forward/OriginalGrid cases (H = 2048) run under the best set alone.
 #   tsan  ThreadSanitizer build (GCC) of the library suites; the threaded forward pass (thread
-#         counts 1 to 7, concurrent contexts, repeated calls, the feature grid) under the best
+#         counts 1 to 7, concurrent contexts, repeated calls, the feature grid) and the dense
+#         linear layer (its grid, 1 and 3 threads) under the best
 #         set, its cheaper thread cases under the portable set.
 #   fuzz  libFuzzer (clang) harnesses, each run for FUZZ_SECONDS (default 60) on its corpus in
 #         fuzz/corpus/<name>; new inputs go to build-test-fuzz/corpus, the committed seeds are
@@ -59,6 +60,7 @@ tsan_stage() {
   local threads='Cases/Threads.*:ThreadsContext.*:TaskClaims.*:ContextPoolTest.*'
   threads+=':ForwardInput.EmptyBatchIsANoOp'
   threads+=':Forward/FeatureGrid.*:SpecialRows.NanOrInfInXStaysInItsToken'
+  threads+=':Linear.BitIdenticalForAnyThreadCount:Linear/LinearGrid.*'
   local cheap='Cases/Threads.*decode_T1:Cases/Threads.*channelwise_odd_f16:ThreadsContext.*'
   cheap+=':ContextPoolTest.*'
   local more='ResourceLimits.*:PackedFileTest.RoundTripGivesTheSameBits:HostilePointers.*'
