@@ -58,14 +58,19 @@ def checkpoint(name, tmp_path_factory):
     return _made[name]
 
 
-def run(folder, tmp_path, served):
+def run(folder, tmp_path, served, env=None, eager=True):
     """(result, trace, log) of vllm.LLM or of the server on `folder`."""
     if not served:
-        return run_vllm(folder, tmp_path)
+        return run_vllm(folder, tmp_path, env=env)
+    return serve(folder, tmp_path, env=env, eager=eager)
+
+
+def serve(folder, tmp_path, env=None, eager=True):
+    """(result, trace, log) of the server on `folder` (vllm_serve.py), its answers checked."""
     trace = tmp_path / f"trace-served-{folder.name}.txt"
     result, log = vllm_serve.serve_and_ask(
         folder, PROMPT, tokens=4, vocab=256, log_path=tmp_path / f"server-{folder.name}.log",
-        env={"W4A8MOE_VLLM_TRACE": str(trace)})
+        env={"W4A8MOE_VLLM_TRACE": str(trace), **(env or {})}, eager=eager)
     assert "error" not in result, result["error"]
     assert result["streamed_text"] == result["text"], result
     assert result["hostile_status"] == 400, result

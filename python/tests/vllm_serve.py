@@ -22,9 +22,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DOCS = os.path.join(HERE, "..", "..", "docs", "vllm.md")
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # what the test adds to the page's command: a small engine for a tiny model, the whole
-# vocabulary's log-probabilities, no CUDA graphs / torch.compile warm-up
-TEST_OPTIONS = ["--max-model-len", "128", "--max-num-seqs", "4", "--enforce-eager",
-                "--max-logprobs", "256", "--seed", "0"]
+# vocabulary's log-probabilities; and, unless asked for the compiled engine the page's command
+# gives (torch.compile, a minute or two of warm-up on 2 cores), --enforce-eager
+TEST_OPTIONS = ["--max-model-len", "128", "--max-num-seqs", "4", "--max-logprobs", "256",
+                "--seed", "0"]
 
 
 def write_tokenizer(folder, vocab):
@@ -95,7 +96,8 @@ def _token_id(key):
     return int(match.group(1))
 
 
-def serve_and_ask(folder, prompt, *, tokens, vocab, log_path, env=None, timeout=600):
+def serve_and_ask(folder, prompt, *, tokens, vocab, log_path, env=None, timeout=600,
+                  eager=True):
     """Starts the server on `folder`, asks it, stops it. Returns (result, log) with result as
     vllm_run.py's {"tokens", "logprobs"} plus "text", "streamed_text", "hostile_status"; or
     {"error": ...} with the server's log when it does not come up."""
@@ -104,6 +106,8 @@ def serve_and_ask(folder, prompt, *, tokens, vocab, log_path, env=None, timeout=
     write_tokenizer(str(folder), vocab)
     port = _free_port()
     argv, documented_env = server_command(folder, port)
+    if eager:
+        argv.append("--enforce-eager")
     # the page's settings, then a KV cache of 1 GiB (enough for the tiny models) and the test's
     full_env = {**os.environ, **documented_env, "VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})}
     with open(log_path, "w", encoding="utf-8") as log:

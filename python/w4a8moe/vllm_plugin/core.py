@@ -72,10 +72,14 @@ def families() -> Tuple[str, ...]:
 
 
 def tracing() -> bool:
-    return bool(os.environ.get("W4A8MOE_VLLM_TRACE"))
+    return not torch.compiler.is_compiling() and bool(os.environ.get("W4A8MOE_VLLM_TRACE"))
 
 
 def trace(line: str) -> None:
+    """Appends the line to W4A8MOE_VLLM_TRACE; not from a graph torch.compile is capturing (no
+    file I/O there: the compiled graph would not repeat it anyway)."""
+    if torch.compiler.is_compiling():
+        return
     path = os.environ.get("W4A8MOE_VLLM_TRACE")
     if path:
         with open(path, "a", encoding="utf-8") as f:
@@ -235,7 +239,9 @@ def _make_experts_class():
             name = getattr(activation, "value", activation)
             alpha = config.swiglu_alpha if config.swiglu_alpha is not None else 1.702
             limit = config.swiglu_limit if config.swiglu_limit is not None else 7.0
-            trace(f"forward {hidden_states.shape[0]} {int(bool(apply_router_weight_on_input))}")
+            if tracing():  # (formatting the token count would specialise a compiled graph)
+                trace(f"forward {hidden_states.shape[0]} "
+                      f"{int(bool(apply_router_weight_on_input))}")
             return w4a8moe.ops.dynamic_4bit_int_moe_ex(
                 hidden_states, topk_ids, topk_weights, w1, w2, config.hidden_dim,
                 config.intermediate_size_per_partition, int(type(self).group_size),
