@@ -4,7 +4,7 @@
 #   asan  AddressSanitizer + UndefinedBehaviorSanitizer build (GCC) of the library, the program
 #         and every test suite; CTest runs the library suites once per kernel set (W4A8MOE_ISA),
 #         the kernel suites over every set, the program's suites against the sanitized program;
-#         only the largest Forward/OriginalGrid cases (H = 2048) run under the best set alone.
+#         the driver's grids run under the best set and the portable one only.
 #   tsan  ThreadSanitizer build (GCC) of the library suites; the threaded forward pass (thread
 #         counts 1 to 7, concurrent contexts, repeated calls, the feature grid) and the dense
 #         linear layer (its grid, 1 and 3 threads) under the best
@@ -37,17 +37,21 @@ common=(-DCMAKE_BUILD_TYPE=None "-DCMAKE_CXX_FLAGS=-O1 -g1" -DW4A8MOE_WERROR=OFF
 asan_stage() {
   cmake -S . -B build-test-asan -DW4A8MOE_SANITIZE=address,undefined "${common[@]}" >/dev/null
   cmake --build build-test-asan -j"$jobs"
-  # Every test under every kernel set, except the 24 largest cases of Forward/OriginalGrid
-  # (H = 2048): those only under this machine's best set. Under the other three sets they took
-  # 5 of the 8 minutes of tests (2 cores), and the smaller shapes already cross every tile and
-  # panel edge; only their size differs.
+  # The driver's grids (Forward/OriginalGrid and FeatureGrid, Cases/Threads and ExpertParallel:
+  # the same driver code over each set's kernels) under this machine's best set and the portable
+  # one; every other suite (validation, packing, hostile input, files, the kernel suites with
+  # every tile and panel edge of every set) under every set. The grids under the other sets took
+  # 4 of the 10 minutes of tests (2 cores), and the unsanitized stage runs them under every set.
+  # The portable set skips the 24 largest OriginalGrid cases (H = 2048): only their size differs.
   local best others
   best="$(build-test-asan/w4a8moe check | sed -n 's/^active kernel set: //p')"
   others="$(build-test-asan/w4a8moe check | sed -n 's/^kernel sets: //p' | tr -d ' ' |
-    tr ',' '\n' | grep -vx "$best" | paste -sd '|')"
-  echo "-- asan: the largest Forward/OriginalGrid cases under the best kernel set ($best) only"
-  ctest --test-dir build-test-asan --output-on-failure -j"$jobs" \
-    ${others:+-E "^($others)\.Forward/OriginalGrid\..*_H2048_"}
+    tr ',' '\n' | { grep -vx -e "$best" -e scalar || true; } | paste -sd '|')"
+  local grids='(Forward/(OriginalGrid|FeatureGrid)|Cases/(Threads|ExpertParallel))'
+  local skip="^scalar\.Forward/OriginalGrid\..*_H2048_"
+  [ -n "$others" ] && skip="$skip|^($others)\.$grids\."
+  echo "-- asan: the driver's grids under $best and scalar only"
+  ctest --test-dir build-test-asan --output-on-failure -j"$jobs" -E "$skip"
 }
 
 tsan_stage() {
