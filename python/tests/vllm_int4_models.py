@@ -34,10 +34,11 @@ def _unpack(words, along_rows):
     return q.reshape(words.shape[0], words.shape[1] * 8)
 
 
-def reencode(ct_folder, folder, fmt, *, group_size, symmetric, int4_attention=False):
+def reencode(ct_folder, folder, fmt, *, group_size, symmetric, int4_attention=False,
+             dynamic=None):
     """Writes `folder`: the compressed-tensors W4A16 `pack-quantized` checkpoint in ct_folder
     with its experts (and, int4_attention, its attention projections) re-encoded as fmt
-    ("gptq", "gptq_v2" or "awq")."""
+    ("gptq", "gptq_v2" or "awq"). dynamic: GPTQModel's per-module rules for the GPTQ config."""
     from safetensors.torch import load_file, save_file
     from vllm.model_executor.layers.quantization.utils import quant_utils
 
@@ -88,6 +89,8 @@ def reencode(ct_folder, folder, fmt, *, group_size, symmetric, int4_attention=Fa
             "desc_act": False, "checkpoint_format": fmt, "lm_head": False,
             "modules_in_block_to_quantize": ["mlp.experts"] + (
                 [f"self_attn.{p}_proj" for p in "qkvo"] if int4_attention else [])}
+        if dynamic is not None:
+            config["quantization_config"]["dynamic"] = dynamic
     with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
         json.dump(config, f)
 

@@ -52,8 +52,8 @@ def scheme_of(quant_config):
             return None, f"{quant_config.weight_bits}-bit GPTQ (w4a8moe: 4-bit)"
         if quant_config.desc_act:
             return None, "GPTQ desc_act (run-time activation ordering)"
-        if quant_config.dynamic:
-            return None, "GPTQ per-module `dynamic` overrides"
+        # (GPTQModel's per-module `dynamic` rules: vLLM gives each MoE layer a copy of the config
+        # with its rules applied, so the fields read here are the layer's own)
         fmt = quant_config.full_config.get("checkpoint_format", "gptq")
         if fmt not in ("gptq", "gptq_v2"):
             return None, f"GPTQ checkpoint_format {fmt} (w4a8moe: gptq, gptq_v2)"
