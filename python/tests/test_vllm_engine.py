@@ -38,15 +38,25 @@ VOCAB = 256
 INT8_ACTIVATIONS = 0.025
 
 
-def run_vllm(folder, tmp_path, env=None):
-    trace = tmp_path / f"trace-{os.path.basename(folder)}.txt"
+def run_vllm(folder, tmp_path, env=None, tp=1, ep=False):
+    """(result, trace lines, log) of vllm_run.py on `folder`; tp > 1: vLLM's tensor parallelism
+    over tp worker processes, one core each (ep: its expert parallelism over them)."""
+    label = f"{os.path.basename(folder)}-tp{tp}{'-ep' if ep else ''}"
+    trace = tmp_path / f"trace-{label}.txt"
     full_env = dict(os.environ, W4A8MOE_VLLM_TRACE=str(trace), **(env or {}))
+    if tp > 1:
+        full_env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(
+            str(i % (os.cpu_count() or 1)) for i in range(tp)))
     proc = subprocess.run(
         [sys.executable, os.path.join(HERE, "vllm_run.py"), str(folder), "--prompt",
-         ",".join(map(str, PROMPT)), "--tokens", "4", "--vocab", str(VOCAB)],
+         ",".join(map(str, PROMPT)), "--tokens", "4", "--vocab", str(VOCAB), "--tp", str(tp)]
+        + (["--ep"] if ep else []),
         capture_output=True, text=True, env=full_env, timeout=600)
-    assert proc.returncode == 0, f"vllm_run.py exited with {proc.returncode}:\n{proc.stderr[-4000:]}"
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert proc.returncode == 0, \
+        f"vllm_run.py exited with {proc.returncode}:\n{proc.stderr[-4000:]}"
+    # the result's line; vLLM's workers may log after it (their shutdown)
+    result = json.loads([line for line in proc.stdout.splitlines()
+                         if line.startswith(('{"tokens"', '{"error"'))][-1])
     lines = trace.read_text().splitlines() if trace.exists() else []
     return result, lines, proc.stdout + proc.stderr  # vLLM logs to stdout
 

@@ -27,12 +27,14 @@ from ecosystem import quantize_with_qparams
 FAMILIES = ("qwen3_moe", "mixtral", "llama4")
 
 
-def config_of(family, *, hidden=256, intermediate=128, experts=8, top_k=2, layers=2, vocab=256):
+def config_of(family, *, hidden=256, intermediate=128, experts=8, top_k=2, layers=2, vocab=256,
+              max_positions=256):
     from transformers import MixtralConfig, Qwen3MoeConfig
 
     common = dict(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                  max_position_embeddings=256, tie_word_embeddings=False, rms_norm_eps=1e-6)
+                  max_position_embeddings=max_positions, tie_word_embeddings=False,
+                  rms_norm_eps=1e-6)
     if family == "qwen3_moe":
         return Qwen3MoeConfig(moe_intermediate_size=intermediate, intermediate_size=2 * hidden,
                               num_experts=experts, num_experts_per_tok=top_k,

@@ -26,9 +26,11 @@ Settings (environment variables, read in each vLLM process):
   W4A8MOE_VLLM_DENSE    "auto" (default): the dense int4 layers where vLLM's own CPU kernel is
                         missing; "on": every dense int4 layer; "off": none.
   W4A8MOE_VLLM_TRACE    a file path: each process appends one line per layer packed
-                        ("pack <H> <I> <E> <group> <activation> <kernel set> <weight format>")
+                        ("pack <H> <I> <E> <group> <activation> <kernel set> <weight format>
+                        <packed bytes> tp<rank>/<size> ep<rank>/<size>", I and E this rank's)
                         and per forward call ("forward <tokens> <1 if the router weight is on
-                        the input>"); off when unset (no cost).
+                        the input>", then "local" under expert parallelism); off when unset
+                        (no cost). Under torch.compile only eager calls write a forward line.
 
 Supported vLLM versions: SUPPORTED_VLLM (also the `vllm` extra of the package). Another version
 is refused when the plugin loads, with the versions it supports, because the plugin relies on

@@ -159,6 +159,9 @@ def check(config, group: int, weight_format: str = "int4") -> Tuple[bool, Option
         return False, f"dtype {config.in_dtype}"
     if envs.VLLM_BATCH_INVARIANT:
         return False, "VLLM_BATCH_INVARIANT is set (not promised by w4a8moe)"
+    ok, reason = parallel_check(config.moe_parallel_config)
+    if not ok:
+        return False, reason
     cls = experts_class()
     ok, reason = mk.FusedMoEExperts.is_supported_config(
         cls, config, None, None, mk.FusedMoEActivationFormat.Standard)
@@ -167,6 +170,24 @@ def check(config, group: int, weight_format: str = "int4") -> Tuple[bool, Option
     return w4a8moe.is_supported_config(
         config.hidden_dim, config.intermediate_size_per_partition, config.num_local_experts,
         config.experts_per_token, group, ACTIVATIONS[activation][0], config.in_dtype)
+
+
+def parallel_check(parallel) -> Tuple[bool, Optional[str]]:
+    """vLLM's parallelism of a MoE layer. Tensor parallelism: each rank holds an I/tp slice of
+    every expert and vLLM all-reduces the outputs. Expert parallelism within tensor parallelism
+    (--enable-expert-parallel, data parallelism 1): each rank holds its E/ep experts whole, every
+    rank sees every token, and the experts class computes the rank's own experts' share of each
+    (w4a8moe's forward_local over vLLM's expert map), which vLLM's all-reduce adds up."""
+    if parallel.ep_size == 1:
+        return True, None
+    if parallel.use_all2all_kernels:
+        return False, (f"expert parallelism with data parallelism {parallel.dp_size} (vLLM's "
+                       f"all-to-all dispatch, backend {parallel.all2all_backend}): w4a8moe takes "
+                       f"expert parallelism within tensor parallelism (data parallelism 1)")
+    if parallel.enable_eplb:
+        return False, ("expert load balancing (--enable-eplb: redundant, moving experts): "
+                       "w4a8moe packs each rank's experts once")
+    return True, None
 
 
 def _make_experts_class():
@@ -204,9 +225,7 @@ def _make_experts_class():
 
         @staticmethod
         def _supports_parallel_config(moe_parallel_config) -> bool:
-            # Tensor parallelism splits I (vLLM reduces the outputs); expert parallelism over
-            # vLLM's expert map is not wired (w4a8moe.distributed has its own).
-            return moe_parallel_config.ep_size == 1
+            return parallel_check(moe_parallel_config)[0]
 
         @staticmethod
         def _supports_routing_method(routing_method, weight_key, activation_key) -> bool:
@@ -241,12 +260,19 @@ def _make_experts_class():
             limit = config.swiglu_limit if config.swiglu_limit is not None else 7.0
             if tracing():  # (formatting the token count would specialise a compiled graph)
                 trace(f"forward {hidden_states.shape[0]} "
-                      f"{int(bool(apply_router_weight_on_input))}")
+                      f"{int(bool(apply_router_weight_on_input))}"
+                      f"{'' if expert_map is None else ' local'}")
+            code = w4a8moe.activation_code(ACTIVATIONS[name][0])
+            if expert_map is not None:
+                # expert parallelism: topk_ids name global experts; the slots whose expert is
+                # on another rank add nothing here (vLLM's all-reduce adds the ranks' shares)
+                return w4a8moe.ops.forward_local(
+                    hidden_states, topk_ids, topk_weights, w1, w2, expert_map.to(torch.int32),
+                    bool(apply_router_weight_on_input), code, float(alpha), float(limit), False)
             return w4a8moe.ops.dynamic_4bit_int_moe_ex(
                 hidden_states, topk_ids, topk_weights, w1, w2, config.hidden_dim,
                 config.intermediate_size_per_partition, int(type(self).group_size),
-                bool(apply_router_weight_on_input),
-                w4a8moe.activation_code(ACTIVATIONS[name][0]), float(alpha), float(limit))
+                bool(apply_router_weight_on_input), code, float(alpha), float(limit))
 
     return W4A8MoeExperts
 
@@ -303,8 +329,11 @@ def install_layer(method, layer, w13_packed, w2_packed, group: int, free: Iterab
                 delattr(layer, name)
             layer.register_parameter(name, param)
     info = w4a8moe.packed_info(w13_packed)
+    parallel = method.moe.moe_parallel_config
     trace(f"pack {info.cols} {info.rows // 2} {info.experts} {info.group_size} "
-          f"{activation_name(method.moe)} {w4a8moe.active_kernel_set()} {info.weight_format}")
+          f"{activation_name(method.moe)} {w4a8moe.active_kernel_set()} {info.weight_format} "
+          f"{w13_packed.numel() + w2_packed.numel()} tp{parallel.tp_rank}/{parallel.tp_size} "
+          f"ep{parallel.ep_rank}/{parallel.ep_size}")
     attrs = {"group_size": group}
     routing = getattr(layer, "custom_routing_function", None)
     if routing is not None:

@@ -85,9 +85,12 @@ def _select(vllm_select):
 
 
 def _track_loads(layer, names):
-    """Wraps the weight loader of each parameter named: it records (expert, shard) per load in
-    layer.w4a8moe_loaded[name], so that a tensor the file lacks for one expert is seen."""
+    """Wraps the weight loader of each parameter named: it records (local expert, shard) per
+    load in layer.w4a8moe_loaded[name], so that a tensor the file lacks for one expert is seen.
+    (The loader is handed global expert ids; under expert parallelism those of other ranks map
+    to -1 and load nothing here.)"""
     loaded = layer.__dict__.setdefault("w4a8moe_loaded", {})
+    to_local = getattr(layer, "_map_global_expert_id_to_local_expert_id", lambda e: e)
     for name in names:
         param = getattr(layer, name)
         inner = param.weight_loader
@@ -97,8 +100,8 @@ def _track_loads(layer, names):
             result = _inner(*args, **kwargs)
             expert = kwargs.get("expert_id", args[4] if len(args) > 4 else None)
             shard = kwargs.get("shard_id", args[3] if len(args) > 3 else None)
-            if expert is not None:
-                _seen.add((int(expert), shard))
+            if expert is not None and to_local(int(expert)) >= 0:
+                _seen.add((to_local(int(expert)), shard))
             return result
 
         param.weight_loader = loader
