@@ -126,6 +126,56 @@ def test_int4_checkpoint_runs_through_w4a8moe(name, fmt, tmp_path, tmp_path_fact
     word = "int4_symmetric" if symmetric else "int4_zero_point"
     check_against_reference(result, trace, log, reference_of(made["model"]), made["floor"],
                             word, g)
+    made[fmt] = result  # the one-rank run the parallel cases compare with
+
+
+# vLLM's parallelism over two worker processes (test_vllm_parallel.py has the W4A8 cases):
+# (checkpoint, format, expert parallel); tensor parallel cases pack an I/2 = 64 slice
+PARALLEL = [("sym-g32", "gptq", False), ("asym-g64", "compressed-tensors", False),
+            ("asym-g64", "awq", True), ("gpt-oss", "mxfp4", False), ("gpt-oss", "mxfp4", True)]
+
+
+@pytest.mark.parametrize("name,fmt,ep", PARALLEL,
+                         ids=[f"{f}-{n}-{'ep2' if e else 'tp2'}" for n, f, e in PARALLEL])
+def test_int4_checkpoint_under_vllm_parallelism(name, fmt, ep, tmp_path, tmp_path_factory):
+    if name == "gpt-oss":
+        made = _made.setdefault("gpt-oss", {})
+        if "model" not in made:
+            root = tmp_path_factory.mktemp("gpt-oss-parallel")
+            made.update(root=root, model=vllm_int4_models.make_gpt_oss(
+                str(root / fmt), float_folder=str(root / "dense")), floor=None)
+        group, word = 32, "mxfp4"
+    else:
+        made = checkpoint(name, tmp_path_factory)
+        strategy, group, symmetric, _, _ = CT[name]
+        word = "int4_symmetric" if symmetric else "int4_zero_point"
+        if fmt != "compressed-tensors" and not (made["root"] / fmt).exists():
+            vllm_int4_models.reencode(str(made["root"] / "ct"), str(made["root"] / fmt), fmt,
+                                      group_size=group, symmetric=symmetric)
+    folder = made["root"] / ("ct" if fmt == "compressed-tensors" else fmt)
+    if made["floor"] is None:
+        made["floor"], _, _ = run_vllm(made["root"] / "dense", tmp_path)
+    result, trace, log = run_vllm(folder, tmp_path, tp=2, ep=ep)
+    assert "error" not in result, result["error"]
+    packs = [line.split() for line in trace if line.split()[1] == "pack"]
+    assert len({p[0] for p in packs}) == 2 and len(packs) == 4, trace  # 2 ranks x 2 layers
+    for p in packs:
+        kind, ranks = ("ep", p[11]) if ep else ("tp", p[10])
+        assert p[8] == word and ranks in (f"{kind}0/2", f"{kind}1/2"), p
+        assert p[3:6] == (["128", "4", str(group)] if ep else ["64", "8", str(group)]), p
+    forwards = [line for line in trace if line.split()[1] == "forward"]
+    assert len(forwards) >= 2 * 2 * 4 and all(f.endswith(" local") == ep for f in forwards)
+    reference = reference_of(made["model"])
+    bound = relative_rms(centred(made["floor"]["logprobs"]), reference).median().item() \
+        + INT8_ACTIVATIONS
+    ours = relative_rms(centred(result["logprobs"]), reference)
+    print(f"{fmt} {name} {'EP' if ep else 'TP'}=2: median {ours.median().item():.4f} (max "
+          f"{ours.max().item():.4f}), bound {bound:.4f}")
+    assert ours.median().item() < bound, ours.tolist()
+    assert int((ours > bound).sum()) <= len(PROMPT) // 4, ours.tolist()
+    if fmt in made:  # the one-rank run of the same checkpoint, when this session made it
+        to_one = relative_rms(centred(result["logprobs"]), centred(made[fmt]["logprobs"]))
+        assert to_one.median().item() < bound, to_one.tolist()
 
 
 def test_gpt_oss_mxfp4_runs_through_w4a8moe(tmp_path):
@@ -135,6 +185,7 @@ def test_gpt_oss_mxfp4_runs_through_w4a8moe(tmp_path):
     assert "error" not in floor, floor["error"]
     result, trace, log = run(tmp_path / "oss", tmp_path, ("gpt-oss", "mxfp4") in SERVED)
     check_against_reference(result, trace, log, reference_of(model), floor, "mxfp4", 32)
+    _made["gpt-oss"] = dict(root=tmp_path, model=model, floor=floor, mxfp4=result)
     assert all(line.split()[6] == "swigluoai" for line in trace if " pack " in line)
 
 

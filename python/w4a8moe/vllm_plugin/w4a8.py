@@ -104,11 +104,12 @@ def _create_packed_weights(layer, method_module, weight_attrs) -> None:
     layer.w4a8moe_packed_input = True
 
 
-def check_weight_shapes(layer, rows13: int, hidden: int, inter: int) -> None:
-    """compressed-tensors' weight_shape is each projection's [out, in]: gate's and up's land
-    in one slot of w13's."""
+def check_weight_shapes(layer, rows13: int, hidden: int, inter: int, tp: int = 1) -> None:
+    """compressed-tensors' weight_shape is each projection's [out, in] as the checkpoint holds
+    it: gate's and up's land in one slot of w13's; under tensor parallelism it stays the whole
+    projection's while the rank holds an I/tp slice (rows13 and inter are the rank's)."""
     prefix = getattr(layer, "layer_name", type(layer).__name__)
-    for role, rows, cols in (("w13", rows13, hidden), ("w2", hidden, inter)):
+    for role, rows, cols in (("w13", rows13 * tp, hidden), ("w2", hidden, inter * tp)):
         shape = getattr(layer, f"{role}_weight_shape", None)
         if shape is None:
             continue
@@ -129,7 +130,8 @@ def _pack_layer(method, layer) -> None:
     if getattr(layer, "w4a8moe_packed_input", False):
         E, two_i = layer.w13_weight_packed.shape[:2]
         H = layer.w2_weight_packed.shape[1]
-        check_weight_shapes(layer, two_i // 2, H, layer.w2_weight_packed.shape[2] * 8)
+        check_weight_shapes(layer, two_i // 2, H, layer.w2_weight_packed.shape[2] * 8,
+                            method.moe.moe_parallel_config.tp_size)
         # compressed-tensors packs along the inputs, low nibble first, values offset by 8
         w13 = (_unpack_cols(layer.w13_weight_packed.data, awq=False) - 8).to(torch.int8)
         w2 = (_unpack_cols(layer.w2_weight_packed.data, awq=False) - 8).to(torch.int8)

@@ -207,7 +207,8 @@ def _pack_layer(method, layer, scales, zeros) -> None:
         # [E, N/8, G] packed along the rows the same way (docs/checkpoints.md)
         q13 = _unpack_cols(layer.w13_weight_packed.data, awq=False)
         q2 = _unpack_cols(layer.w2_weight_packed.data, awq=False)
-        check_weight_shapes(layer, q13.shape[1] // 2, q13.shape[2], q2.shape[2])
+        check_weight_shapes(layer, q13.shape[1] // 2, q13.shape[2], q2.shape[2],
+                            method.moe.moe_parallel_config.tp_size)
         z13 = z2 = None
         if not symmetric:
             z13 = _unpack_rows(layer.w13_weight_zero_point.data)
