@@ -38,8 +38,10 @@ torch2_stage
 # (vLLM's CPU build, install-deps.sh --vllm), then the engine tests (python/tests/
 # test_vllm_engine.py: tiny W4A8 checkpoints by compressed-tensors, vllm.LLM, transformers'
 # reference; test_vllm_formats.py: W4A16, GPTQ, AWQ and MXFP4, some served over the OpenAI API
-# by docs/vllm.md's command; test_vllm_dense.py: their dense int4 layers) and the rest of the
-# suite against that torch, from outside the clone.
+# by docs/vllm.md's command; test_vllm_dense.py: their dense int4 layers; test_vllm_parallel.py:
+# tensor and expert parallelism over two worker processes; test_vllm_load.py: the server under
+# a minute of concurrent requests) and the rest of the suite against that torch, from outside
+# the clone.
 vllm_stage() {
   local start=$SECONDS repo=$PWD venv
   scripts/install-deps.sh --vllm
@@ -50,6 +52,7 @@ vllm_stage() {
   (cd /tmp && W4A8MOE_CLI="$repo/build-test/w4a8moe" \
      "$venv/bin/python" -m pytest -q -p no:cacheprovider "$repo/python/tests/test_vllm_engine.py" \
      "$repo/python/tests/test_vllm_formats.py" "$repo/python/tests/test_vllm_dense.py" \
+     "$repo/python/tests/test_vllm_parallel.py" "$repo/python/tests/test_vllm_load.py" \
      "$repo/python/tests/test_vllm_plugin.py" "$repo/python/tests/test_vllm_dropin.py" \
      "$repo/python/tests/test_vllm_quantized.py" "$repo/python/tests/test_vllm_packers.py")
   echo "== vLLM stage: $((SECONDS - start)) s =="

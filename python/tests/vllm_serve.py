@@ -63,13 +63,13 @@ def server_command(folder, port):
     return words + TEST_OPTIONS, env
 
 
-def _free_port():
+def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _wait_healthy(proc, port, log_path, timeout):
+def wait_healthy(proc, port, log_path, timeout):
     import httpx
 
     deadline = time.monotonic() + timeout
@@ -83,6 +83,27 @@ def _wait_healthy(proc, port, log_path, timeout):
             pass
         time.sleep(1)
     raise RuntimeError(f"the server was not healthy after {timeout} s:\n{_tail(log_path)}")
+
+
+def with_options(argv, options):
+    """argv with each option of `options` ({"--name": value}) set: its value replaced where
+    argv has it, else appended."""
+    argv = list(argv)
+    for option, value in options.items():
+        if option in argv:
+            argv[argv.index(option) + 1] = value
+        else:
+            argv += [option, value]
+    return argv
+
+
+def stop(proc):
+    proc.terminate()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _tail(path, chars=6000):
@@ -104,7 +125,7 @@ def serve_and_ask(folder, prompt, *, tokens, vocab, log_path, env=None, timeout=
     import openai
 
     write_tokenizer(str(folder), vocab)
-    port = _free_port()
+    port = free_port()
     argv, documented_env = server_command(folder, port)
     if eager:
         argv.append("--enforce-eager")
@@ -115,7 +136,7 @@ def serve_and_ask(folder, prompt, *, tokens, vocab, log_path, env=None, timeout=
                                 stderr=subprocess.STDOUT, env=full_env)
     try:
         try:
-            _wait_healthy(proc, port, log_path, timeout)
+            wait_healthy(proc, port, log_path, timeout)
         except RuntimeError as e:
             return {"error": str(e)}, _tail(log_path, 200000)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused",
@@ -146,9 +167,4 @@ def serve_and_ask(folder, prompt, *, tokens, vocab, log_path, env=None, timeout=
                       streamed_text=streamed, hostile_status=hostile, text_after_hostile=after)
         return result, _tail(log_path, 200000)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
