@@ -315,6 +315,13 @@ class Worker {
     return {g.panel_at(expert, q0), (q1 - q0) * static_cast<int64_t>(g.panel_bytes) / 64};
   }
 
+  // Share ti of `count` of a prefetch range: the next task's lines are spread over the current
+  // task's tiles, so that its first tile does not ask DRAM for all of them at once.
+  static PrefetchRange share(const PrefetchRange& r, int64_t ti, int64_t count) {
+    const int64_t a = r.lines * ti / count, b = r.lines * (ti + 1) / count;
+    return {r.begin == nullptr ? nullptr : r.begin + 64 * a, b - a};
+  }
+
   // Phase 1's tasks: slices of I per active expert, experts ascending.
   int64_t inter_slices() const { return (p_.s.inter + kSliceI - 1) / kSliceI; }
   // Phase 2's tasks: slices of H.
@@ -335,7 +342,7 @@ class Worker {
       return p_.w13_base + static_cast<size_t>(s_.active[task / slices]) * p_.w13->expert_bytes;
     };
     // Each thread claims one task ahead and prefetches its weights while computing the current
-    // one, so that the first tile of a task does not wait for DRAM.
+    // one (spread over its tiles), so that the first tile of a task does not wait for DRAM.
     int64_t task = gate_up_tasks_.claim(tid);
     while (task >= 0) {
       const int64_t following = gate_up_tasks_.claim(tid);
@@ -358,9 +365,10 @@ class Worker {
           const int32_t pair = s_.order[j + r];
           a[r] = s_.qx_rows[per_pair ? pair : pair / K];
         }
-        const bool first = j == s_.begin[e];  // the tile that prefetches the next task
-        gemm(m, a, expert, w13, gate0, gate0 + (i1 - i0), cg, kSliceI, first ? pf_gate : nullptr);
-        gemm(m, a, expert, w13, up0, up0 + (i1 - i0), cu, kSliceI, first ? pf_up : nullptr);
+        const PrefetchRange gate_share[2] = {share(pf_gate[0], ti, tiles.count), {}};
+        const PrefetchRange up_share[2] = {share(pf_up[0], ti, tiles.count), {}};
+        gemm(m, a, expert, w13, gate0, gate0 + (i1 - i0), cg, kSliceI, gate_share);
+        gemm(m, a, expert, w13, up0, up0 + (i1 - i0), cu, kSliceI, up_share);
         for (int64_t r = 0; r < m; ++r) {
           float* dst = s_.m + static_cast<size_t>(s_.order[j + r]) * s_.m_stride + i0;
           p_.set->activate(*p_.params, cg + r * kSliceI, cu + r * kSliceI, dst, i1 - i0);
@@ -436,7 +444,8 @@ class Worker {
         for (int64_t ti = 0; ti < tiles.count; ++ti) {
           const int64_t j = s_.begin[e] + tiles.start(ti), m = tiles.size(ti);
           for (int64_t r = 0; r < m; ++r) a[r] = s_.qm_rows[s_.order[j + r]];
-          gemm(m, a, expert, *p_.w2, h0, h1, c, slice, j == s_.begin[e] ? pf : nullptr);
+          const PrefetchRange pf_share[2] = {share(pf[0], ti, tiles.count), {}};
+          gemm(m, a, expert, *p_.w2, h0, h1, c, slice, pf_share);
           for (int64_t r = 0; r < m; ++r) {
             const int32_t pair = s_.order[j + r];
             const float* y = c + r * slice;

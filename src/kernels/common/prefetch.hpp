@@ -1,31 +1,46 @@
 // Walks GemmArgs::prefetch one 64-byte line per step (internal linkage: included by ISA files).
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
+
 #include "kernels/kernel.hpp"
 
 namespace w4a8moe::detail {
 namespace {
 
+// The lines of the two ranges are spread evenly over the call's work: a unit is one chunk of 8
+// columns of one panel record, the call holds ceil(rows / panel) * groups * group_len / 8 of
+// them, and a kernel reports them with advance() as it goes. A call given as many lines as it
+// reads prefetches one line per chunk; given a share of the next task (the caller splits it over
+// the task's tiles, docs/performance.md "In the layer, part by part"), proportionally fewer, so
+// that no tile asks DRAM for more than the whole task's time allows.
 struct Prefetcher {
   const uint8_t* p[2];
   int64_t left[2];
-  // step_group's pace: a panel record's bytes owed per scale group done, in 64 * groups units
-  int64_t record_bytes, group_lines_bytes, owed = 0;
+  // lines due per unit of work in 32.32 fixed point, rounded up (so that the call's units cover
+  // all its lines), and the fraction of a line owed: no division per group in the hot loop
+  uint64_t per_unit = 0, owed = 0;
   explicit Prefetcher(const GemmArgs& a)
       : p{a.prefetch[0].begin, a.prefetch[1].begin},
-        left{a.prefetch[0].lines, a.prefetch[1].lines},
-        record_bytes(static_cast<int64_t>(a.geometry->panel_bytes)),
-        group_lines_bytes(64 * a.geometry->groups) {}
-  // One scale group of `panels` panel records computed: prefetch those records' share of it
-  // (their weights, scales and zero points), so that a call prefetches as many bytes as it
-  // reads and the next call's range is ready when it starts.
-  inline void step_group(int64_t panels) {
-    owed += panels * record_bytes;
-    const int64_t n = owed / group_lines_bytes;
-    owed -= n * group_lines_bytes;
-    step(n);
+        left{a.prefetch[0].lines, a.prefetch[1].lines} {
+    const int64_t units = (a.n_end - a.n_begin + a.geometry->panel - 1) / a.geometry->panel *
+                          a.geometry->groups * (a.geometry->group_len / 8);
+    // at most 2^24 lines (1 GiB) per call are paced (no caller asks for more): per_unit < 2^57,
+    // and n * per_unit stays inside 64 bits for any n up to the call's units
+    const auto lines =
+        static_cast<uint64_t>(std::min<int64_t>(left[0] + left[1], int64_t{1} << 24));
+    const auto u = static_cast<uint64_t>(std::max<int64_t>(units, 1));
+    if (lines > 0) per_unit = ((lines << 32) + u - 1) / u;
   }
-  // n steps at once (a kernel calls this once per scale group instead of once per chunk).
+  // n units of work done: issue the lines due by now.
+  inline void advance(int64_t n) {
+    if (per_unit == 0) return;
+    owed += static_cast<uint64_t>(n) * per_unit;
+    step(static_cast<int64_t>(owed >> 32));
+    owed &= 0xffffffffu;
+  }
+  // n lines at once.
   inline void step(int64_t n) {
     for (int i = 0; i < 2 && n > 0; ++i) {
       const int64_t take = left[i] < n ? left[i] : n;
@@ -35,14 +50,6 @@ struct Prefetcher {
         left[i] -= take;
         n -= take;
       }
-    }
-  }
-  inline void step() {
-    const int i = left[0] > 0 ? 0 : 1;
-    if (left[i] > 0) {
-      __builtin_prefetch(p[i], 0, 2);  // read, keep in L2 (prefetcht1 on x86)
-      p[i] += 64;
-      --left[i];
     }
   }
 };

@@ -190,7 +190,7 @@ class AmxUnpacker {
     col_ = k0;
     dst_ = w;
     left_ = len / 8;
-    pf_.step(left_);  // the next task's lines, as many as this panel block reads
+    pf_.advance(left_);  // the next task's lines due for this panel block's chunks
     if (g_.group_size < 0) return;
     for (int64_t b = k0 / g_.group_len; b < (k0 + len) / g_.group_len; ++b)
       _mm512_store_ps(

@@ -153,10 +153,16 @@ void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
     if constexpr (kChunks > 0) {
 #pragma GCC unroll 16
       for (int c = 0; c < kChunks; ++c) chunk(c);
+      pf.advance(NP * kChunks);
     } else {
-      for (int64_t c = 0; c < chunks_per_group; ++c) chunk(c);
+      // long groups (channelwise: the whole row) report their work every 32 columns, so that the
+      // prefetches are spread over the group instead of following it in one burst
+      for (int64_t c = 0; c < chunks_per_group; ++c) {
+        chunk(c);
+        if ((c & 3) == 3) pf.advance(NP * 4);
+      }
+      pf.advance(NP * (chunks_per_group & 3));
     }
-    pf.step(chunks_per_group);
     for (int m = 0; m < M; ++m)
       for (int p = 0; p < NP; ++p)
         iacc[m][p] = kSplit ? _mm512_add_epi32(lo_acc[m][p], hi_acc[m][p]) : lo_acc[m][p];

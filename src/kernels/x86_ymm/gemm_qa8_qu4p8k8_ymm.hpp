@@ -152,10 +152,16 @@ void ymm_tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
     if constexpr (kChunks > 0) {
 #pragma GCC unroll 16
       for (int c = 0; c < kChunks; ++c) chunk(c);
+      pf.advance(NP * kChunks);
     } else {
-      for (int64_t c = 0; c < chunks_per_group; ++c) chunk(c);
+      // long groups (channelwise: the whole row) report their work every 32 columns, so that the
+      // prefetches are spread over the group instead of following it in one burst
+      for (int64_t c = 0; c < chunks_per_group; ++c) {
+        chunk(c);
+        if ((c & 3) == 3) pf.advance(NP * 4);
+      }
+      pf.advance(NP * (chunks_per_group & 3));
     }
-    pf.step_group(NP);
     if constexpr (kSplit)
       for (int m = 0; m < M; ++m)
         for (int p = 0; p < NP; ++p) iacc[m][p] = _mm256_add_epi32(iacc[m][p], hacc[m][p]);
