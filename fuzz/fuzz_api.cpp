@@ -30,6 +30,10 @@ using fuzz::finding;
 using fuzz::Reader;
 
 constexpr size_t kLimit = size_t{64} << 20;
+// The packer's memory limit in fuzz_pack: packing works per byte of its (padded) output, which
+// the 1 MiB input buffers do not bound (65536 experts of 1 x 1 pad to 24 MiB and took 3 to 6 s
+// under the fuzz build; 64 MiB would take ~15 s). Larger packs are refused: still fuzzed.
+constexpr size_t kPackLimit = size_t{8} << 20;
 
 DType any_dtype(Reader& r) {
   const uint8_t b = r.u8();
@@ -244,7 +248,7 @@ void fuzz_pack(Reader& r) {
   const std::span<const detail::KernelSet> sets = detail::kernel_table();
   const size_t pick = r.u8() % (sets.size() + 4);
   o.kernel_set = pick < 3 ? "" : pick - 3 < sets.size() ? sets[pick - 3].name : "bogus";
-  o.memory_limit = kLimit;
+  o.memory_limit = kPackLimit;
   if (skip) return;
   const PackedWeights p = w13 ? pack_w13(w, s, bias, o) : pack_w2(w, s, bias, o);
   const PackedInfo info = inspect_packed(p.bytes());
@@ -271,10 +275,19 @@ void fuzz_forward(Reader& r, bool reference) {
   const MoeParams params = fuzz_params(r);
   if (skip) return;
   // Keep each run short: skip calls that would compute much (valid ones are slow under the
-  // sanitizers; invalid ones of that size are covered by the huge-shape tests).
-  int64_t pairs = 0;
-  const bool overflow = T > 0 && K > 0 && __builtin_mul_overflow(T, K, &pairs);
-  if (!overflow && pairs <= INT32_MAX && pairs * l.inter * H > (reference ? 64 : 128) * 64 * 32)
+  // sanitizers; invalid ones of that size are covered by the huge-shape tests). The library
+  // computes T' x K' pairs from the views (x.shape[0], ids.shape[1]), each dimension fuzzed on its
+  // own (dim_or): views that agree on T' = 256, K' = 256 passed a bound on T x K alone and took
+  // minutes (reference_forward) or 40 s (two forward() calls) under the fuzz build.
+  const auto too_much = [&](int64_t tokens, int64_t top_k) {
+    int64_t pairs = 0;
+    const bool overflow = tokens > 0 && top_k > 0 && __builtin_mul_overflow(tokens, top_k, &pairs);
+    return !overflow && pairs <= INT32_MAX &&
+           pairs * l.inter * H > (reference ? 64 : 128) * 64 * 32;
+  };
+  if (too_much(T, K)) return;
+  if (x.rank == 2 && ids.rank == 2 && ids.shape[0] == x.shape[0] &&
+      too_much(x.shape[0], ids.shape[1]))
     return;
   if (reference) {
     LogicalWeights w = l.logical();
@@ -346,8 +359,9 @@ void fuzz_supported(Reader& r) {
   if (!s.supported) return;
   const int64_t E = c.experts, H = c.hidden, I = c.inter, K = c.top_k;
   if (static_cast<double>(E) * 2.0 * static_cast<double>(I) * static_cast<double>(H) > 131072.0 ||
-      K > 64)
-    return;  // too big to try quickly
+      K > 64 || E > 4096)
+    return;  // too big to try quickly (each expert pads to a whole panel: 65536 experts of
+             // H = I = 1 pack to ~48 MiB, 12 s under the fuzz build)
   // Supported: it must pack and run (zero weights, unit scales).
   const int g = static_cast<int>(c.group_size);
   std::vector<int8_t> w13(static_cast<size_t>(E * 2 * I * H)), w2(static_cast<size_t>(E * H * I));

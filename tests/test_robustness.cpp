@@ -192,6 +192,13 @@ TEST(HostileShapes, HugeDimensionsAreRefusedBeforeAllocating) {
         w4a8moe::quantize_weights(TensorView::of(p, DType::f32, {1 << 30, 1 << 30, 1 << 30}), -1);
       },
       {"w", "address space"}));
+  // 2^62 bytes: below PTRDIFF_MAX, but no platform maps memory that far (the output would
+  // otherwise be allocated before the view is read)
+  EXPECT_TRUE(throws_error(
+      [&] {
+        w4a8moe::quantize_weights(TensorView::of(p, DType::bf16, {1, 1, int64_t{1} << 61}), 32);
+      },
+      {"w", "address space"}));
   EXPECT_TRUE(
       throws_error([&] { w4a8moe::PackedWeights::allocate(SIZE_MAX - 10); }, {"PackedWeights"}));
 }

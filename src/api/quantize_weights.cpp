@@ -1,5 +1,6 @@
 // Float weights -> symmetric int4 values and scales, per output row (channelwise) or per group.
 #include <cmath>
+#include <new>
 
 #include "api/validate.hpp"
 #include "common/format.hpp"
@@ -27,8 +28,13 @@ QuantizedWeights quantize_weights(const TensorView& w, int group_size, QuantRule
   QuantizedWeights out;
   out.shape = {E, N, K};
   out.group_size = group_size;
-  out.values.resize(static_cast<size_t>(E * N * K));
-  out.scales.resize(static_cast<size_t>(E * N * (K / g)));
+  try {
+    out.values.resize(static_cast<size_t>(E * N * K));
+    out.scales.resize(static_cast<size_t>(E * N * (K / g)));
+  } catch (const std::bad_alloc&) {
+    throw Error(cat("w: the output of shape [", E, ", ", N, ", ", K, "] (", E * N * K,
+                    " int4 values and their scales) cannot be allocated"));
+  }
   for (int64_t row = 0; row < E * N; ++row) {
     for (int64_t b = 0; b < K / g; ++b) {
       const int64_t k0 = row * K + b * g;

@@ -48,9 +48,14 @@ void require_contiguous(const TensorView& t, std::string_view name) {
                     t.shape[static_cast<size_t>(t.rank - 1)], "), got row stride ", t.row_stride));
 }
 
+// No 64-bit platform the library runs on maps user memory at or above 2^57 (x86-64 with 5-level
+// paging: 2^56; AArch64: 2^52 at most): a view that ends there cannot be real.
+constexpr uint64_t kAddressSpaceEnd = uint64_t{1} << 57;
+
 // The bytes a tensor spans, (rows - 1) * stride + last dimension elements, must not
 // overflow and must fit in the address space from its data pointer: huge or hostile shapes are
-// rejected before anything is read or allocated. Negative dimensions are checked elsewhere.
+// rejected before anything is read or allocated (an output sized from a view that claims 2^62
+// bytes would otherwise be allocated first). Negative dimensions are checked elsewhere.
 void require_addressable(const void* data, DType dtype, int rank,
                          const std::array<int64_t, 3>& shape, int64_t stride,
                          std::string_view name) {
@@ -72,9 +77,10 @@ void require_addressable(const void* data, DType dtype, int rank,
   uint64_t bytes = 0;
   overflow = overflow || __builtin_mul_overflow(span, uint64_t{dtype_bytes(dtype)}, &bytes);
   uint64_t end = 0;
-  overflow =
-      overflow || bytes > static_cast<uint64_t>(PTRDIFF_MAX) ||
-      __builtin_add_overflow(static_cast<uint64_t>(reinterpret_cast<uintptr_t>(data)), bytes, &end);
+  overflow = overflow || bytes > static_cast<uint64_t>(PTRDIFF_MAX) ||
+             __builtin_add_overflow(static_cast<uint64_t>(reinterpret_cast<uintptr_t>(data)), bytes,
+                                    &end) ||
+             end > kAddressSpaceEnd;
   if (overflow)
     throw Error(cat(name, ": expected a tensor that fits in the address space, got shape ",
                     shape_string(rank, shape), " with row stride ", stride, " of dtype ",
