@@ -35,6 +35,10 @@ inline void dot8(__m256i& acc_lo, __m256i& acc_hi, __m256i lo, __m256i al, __m25
     const __m256i pairs =
         _mm256_add_epi16(_mm256_maddubs_epi16(lo, al), _mm256_maddubs_epi16(hi, ah));
     acc_lo = _mm256_add_epi32(acc_lo, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+    // keeps each chunk's sum in the row's accumulator: otherwise GCC reassociates a group's
+    // integer adds into trees whose partial sums spill (4-7% of the hot tile on Zen 4, 5-10% of
+    // the group-32 layers; docs/performance.md "Prefill on AMD Zen 4")
+    asm("" : "+x"(acc_lo));
   }
 }
 
@@ -154,13 +158,11 @@ void ymm_tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
       for (int c = 0; c < kChunks; ++c) chunk(c);
       pf.advance(NP * kChunks);
     } else {
-      // long groups (channelwise: the whole row) report their work every 32 columns, so that the
-      // prefetches are spread over the group instead of following it in one burst
-      for (int64_t c = 0; c < chunks_per_group; ++c) {
-        chunk(c);
-        if ((c & 3) == 3) pf.advance(NP * 4);
-      }
-      pf.advance(NP * (chunks_per_group & 3));
+      // once per group, also for long ones (channelwise: the whole row): reporting every 32
+      // columns, as the zmm tile does, ran the group-128 and channel-wise layers 6-7% slower here
+      // (Zen 4, docs/performance.md "Prefill on AMD Zen 4")
+      for (int64_t c = 0; c < chunks_per_group; ++c) chunk(c);
+      pf.advance(NP * chunks_per_group);
     }
     if constexpr (kSplit)
       for (int m = 0; m < M; ++m)
