@@ -35,10 +35,6 @@ inline void dot8(__m256i& acc_lo, __m256i& acc_hi, __m256i lo, __m256i al, __m25
     const __m256i pairs =
         _mm256_add_epi16(_mm256_maddubs_epi16(lo, al), _mm256_maddubs_epi16(hi, ah));
     acc_lo = _mm256_add_epi32(acc_lo, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-    // keeps each chunk's sum in the row's accumulator: otherwise GCC reassociates a group's
-    // integer adds into trees whose partial sums spill (4-7% of the hot tile on Zen 4, 5-10% of
-    // the group-32 layers; docs/performance.md "Prefill on AMD Zen 4")
-    asm("" : "+x"(acc_lo));
   }
 }
 
@@ -150,20 +146,24 @@ void ymm_tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
             dot8<kVnni>(iacc[m][p], hacc[m][p], lo[p], al, hi[p], ah);
           else
             dot8<kVnni>(iacc[m][p], iacc[m][p], lo[p], al, hi[p], ah);
+          // AVX2 tiles of 4 and 5 rows: each chunk's sum goes into the row's accumulator as
+          // written; GCC otherwise reassociates a group's adds into trees whose partial sums
+          // spill (4-13% of the hot tile on Zen 4). With 1 or 2 rows those trees are what keeps
+          // enough independent work in flight: barred there, the 1-row tile ran 2x slower.
+          if constexpr (!kVnni && M >= 3) asm("" : "+x"(iacc[m][p]));
         }
       }
     };
     if constexpr (kChunks > 0) {
 #pragma GCC unroll 16
       for (int c = 0; c < kChunks; ++c) chunk(c);
-      pf.advance(NP * kChunks);
     } else {
-      // once per group, also for long ones (channelwise: the whole row): reporting every 32
-      // columns, as the zmm tile does, ran the group-128 and channel-wise layers 6-7% slower here
-      // (Zen 4, docs/performance.md "Prefill on AMD Zen 4")
       for (int64_t c = 0; c < chunks_per_group; ++c) chunk(c);
-      pf.advance(NP * chunks_per_group);
     }
+    // once per group, also for long ones (channelwise: the whole row): reporting every 32
+    // columns, as the zmm tile does, ran the group-128 and channel-wise layers 6-7% slower here
+    // (Zen 4, docs/performance.md "Prefill on AMD Zen 4")
+    pf.advance(NP * chunks_per_group);
     if constexpr (kSplit)
       for (int m = 0; m < M; ++m)
         for (int p = 0; p < NP; ++p) iacc[m][p] = _mm256_add_epi32(iacc[m][p], hacc[m][p]);
@@ -215,9 +215,12 @@ void ymm_tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
   }
 }
 
+// always inlined into ymm_run: as a function of its own, GCC kept the 1-row tile's row pointer
+// and loop bound on the stack in the runtime-length chunk loop (group 128 and channel-wise 17-24%
+// slower hot on Zen 4)
 template <bool kVnni, int M, int NP, int kChunks,
           WeightFormat kFormat = WeightFormat::int4_symmetric>
-void ymm_run_chunks(const GemmArgs& args) {
+__attribute__((always_inline)) inline void ymm_run_chunks(const GemmArgs& args) {
   for (int m = 0; m < M; ++m)
     assert(reinterpret_cast<const uint8_t*>(args.a[m].group_terms) ==
            static_cast<const uint8_t*>(args.a[m].data) + args.geometry->cols_padded);
