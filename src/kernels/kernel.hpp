@@ -72,9 +72,8 @@ struct GemmArgs {
   float* c = nullptr;
   int64_t c_stride = 0;
   uint32_t flags = 0;  // zero (reserved)
-  // Optional: up to two ranges prefetched while the call computes (the ymm tiles pace them by
-  // the panel records they read, the zmm tiles at one line per 8 columns); kernels may ignore
-  // them (the portable set does).
+  // Optional: up to two ranges prefetched while the call computes, spread evenly over the
+  // call's work (kernels/common/prefetch.hpp); kernels may ignore them (the portable set does).
   PrefetchRange prefetch[2];
 };
 

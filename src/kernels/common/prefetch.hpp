@@ -1,4 +1,4 @@
-// Walks GemmArgs::prefetch one 64-byte line per step (internal linkage: included by ISA files).
+// Walks GemmArgs::prefetch at the pace of a call's work (internal linkage: included by ISA files).
 #pragma once
 
 #include <algorithm>
@@ -12,9 +12,10 @@ namespace {
 // The lines of the two ranges are spread evenly over the call's work: a unit is one chunk of 8
 // columns of one panel record, the call holds ceil(rows / panel) * groups * group_len / 8 of
 // them, and a kernel reports them with advance() as it goes. A call given as many lines as it
-// reads prefetches one line per chunk; given a share of the next task (the caller splits it over
-// the task's tiles, docs/performance.md "In the layer, part by part"), proportionally fewer, so
-// that no tile asks DRAM for more than the whole task's time allows.
+// reads (weights, scales and zero points) prefetches at the pace it reads; given a share of the
+// next task (the caller splits it over the task's tiles, docs/performance.md "In the layer, part by
+// part"), proportionally fewer, so that no tile asks DRAM for more than the whole task's time
+// allows.
 struct Prefetcher {
   const uint8_t* p[2];
   int64_t left[2];
