@@ -1,7 +1,8 @@
 // Vectorisable f32 activations (docs/operator.md, "Activations") for the ISA kernel sets: exp, erf
 // and tanh by range reduction and polynomials (about 2 ulp for exp, 1.5e-7 absolute for erf), the
 // functions of the loops of activate_f32<VecMath>() (common/activation.hpp), which the compiler
-// vectorises with the including file's ISA flags.
+// vectorises with the including file's ISA flags and -fno-trapping-math (CMakeLists.txt,
+// W4A8MOE_VECTOR_ACTIVATION: without it GCC vectorises them only with AVX-512).
 //
 // Everything here has internal linkage (anonymous namespace): each ISA translation unit gets its
 // own copy compiled with its own flags, so no copy built for a wider ISA can be picked by the
