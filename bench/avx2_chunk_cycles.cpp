@@ -82,11 +82,11 @@ W4A8_INSTR(broadcast, W4A8_BCAST8)
   "%%" #acc                                                                    \
   ", "                                                                         \
   "%%" #acc "\n\t"
-#define W4A8_CHUNK(o, k)                                                      \
-  W4A8_DECODE(o)                                                              \
-  W4A8_ROW(k, ymm3)                                                           \
-  W4A8_ROW(4096 + k, ymm4) W4A8_ROW(8192 + k, ymm5) W4A8_ROW(12288 + k, ymm8) \
-      W4A8_ROW(16384 + k, ymm9)
+#define W4A8_CHUNK(o, k)   \
+  W4A8_DECODE(o)           \
+  W4A8_ROW(k, ymm3)        \
+  W4A8_ROW(4096 + k, ymm4) \
+  W4A8_ROW(8192 + k, ymm5) W4A8_ROW(12288 + k, ymm8) W4A8_ROW(16384 + k, ymm9)
 // int16 sums: the chunk's pairs added to the row's int16 sum (the first chunk starts it)
 #define W4A8_ROW16(off, acc, first)                              \
   "vpbroadcastd " #off "(%%rsi), %%ymm6\n\tvpbroadcastd 4+" #off \
@@ -100,11 +100,11 @@ W4A8_INSTR(broadcast, W4A8_BCAST8)
   "%%" #acc                                          \
   ", "                                               \
   "%%" #acc "\n\t"
-#define W4A8_CHUNK16(o, k, f)                                                                \
-  W4A8_DECODE(o)                                                                             \
-  W4A8_ROW16(k, ymm3, f)                                                                     \
-  W4A8_ROW16(4096 + k, ymm4, f) W4A8_ROW16(8192 + k, ymm5, f) W4A8_ROW16(12288 + k, ymm8, f) \
-      W4A8_ROW16(16384 + k, ymm9, f)
+#define W4A8_CHUNK16(o, k, f)   \
+  W4A8_DECODE(o)                \
+  W4A8_ROW16(k, ymm3, f)        \
+  W4A8_ROW16(4096 + k, ymm4, f) \
+  W4A8_ROW16(8192 + k, ymm5, f) W4A8_ROW16(12288 + k, ymm8, f) W4A8_ROW16(16384 + k, ymm9, f)
 #define W4A8_GROUP16               \
   W4A8_CHUNK16(0, 0, W4A8_START16) \
   W4A8_CHUNK16(32, 8, W4A8_ADD16) W4A8_CHUNK16(64, 16, W4A8_ADD16) W4A8_CHUNK16(96, 24, W4A8_ADD16)
