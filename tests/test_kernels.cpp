@@ -20,6 +20,7 @@
 #include "kernels/x86_amx/amx_kernels.hpp"
 #include "kernels/x86_avx512vnni/avx512vnni_kernels.hpp"
 #endif
+#include "kernel_set_test.hpp"
 #include "pack/packed_format.hpp"
 #include "registry.hpp"
 
@@ -28,27 +29,9 @@ namespace {
 using namespace w4a8moe;
 using detail::KernelSet;
 using detail::QuantRow;
-
-// Every test below runs once per set of the registry's table, named by the set
-// (`KernelGemm.IntegerSumsAreExactAtTheExtremes/avx2`); a set this CPU lacks skips.
-class KernelSetTest : public ::testing::TestWithParam<const KernelSet*> {
- protected:
-  void SetUp() override {
-    if (!GetParam()->usable(cpu_features()))
-      GTEST_SKIP() << "kernel set " << GetParam()->name << " is not usable on this CPU ("
-                   << cpu_features().summary() << ")";
-  }
-};
-
-std::vector<const KernelSet*> table_sets() {
-  std::vector<const KernelSet*> out;
-  for (const KernelSet& k : detail::kernel_table()) out.push_back(&k);
-  return out;
-}
-
-std::string set_name(const ::testing::TestParamInfo<const KernelSet*>& info) {
-  return info.param->name;
-}
+using kernel_tests::KernelSetTest;
+using kernel_tests::set_name;
+using kernel_tests::table_sets;
 
 class KernelQuantize : public KernelSetTest {};
 class KernelGemm : public KernelSetTest {};
