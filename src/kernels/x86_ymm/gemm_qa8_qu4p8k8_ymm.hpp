@@ -65,8 +65,8 @@ void ymm_tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
   const int64_t chunks_per_group = kChunks > 0 ? kChunks : g.group_len / 8;
   // group-32 bodies (kChunks > 0) are never channel-wise: known at compile time, the int32 sums
   // end with their group; as a run-time flag they stayed live across the whole loop for the
-  // channel-wise epilogue after it, taking registers from the chunks (the 3- to 5-row tiles
-  // 3-5% slower hot on Zen 3)
+  // channel-wise epilogue after it, taking registers from the chunks (int4 tiles 2-7% slower
+  // hot on Zen 3, docs/prefill-avx2.md)
   const bool channelwise = kChunks == 0 && g.group_size < 0;
   const __m256i low4 = _mm256_set1_epi8(0x0f);
   // mxfp4: the nibbles are codes, turned into u8 weights 2 * e2m1 + 12 by a `vpshufb` each (the
