@@ -84,6 +84,7 @@ inline constexpr uint32_t kAvx512Isa =
 inline constexpr IsaCluster kIsaClusters[] = {
     {"avx2", kAvx2Isa},
     {"avxvnni", kAvx2Isa | kAvxvnni},
+    {"avxvnniemu", kAvx2Isa},  // the avxvnni GEMM on the AVX2 model of `vpdpbusd`
     {"avx512vnni", kAvx512Isa},
     {"amxemu", kAvx512Isa | kAvx512vbmi},  // vpermb unpacks the weights
     {"amx", kAvx512Isa | kAvx512vbmi | kAmxTile | kAmxInt8},

@@ -1,7 +1,8 @@
 // The GEMM of the ymm kernel sets (avxvnni, avx2) on layout qu4_p8k8, written once as a template
 // on the dot product and instantiated by each set's file, compiled with that set's flags
-// (internal linkage, so the two copies never mix): kVnni true is `vpdpbusd` ymm (VEX, AVX-VNNI),
-// false AVX2's `vpmaddubsw` + `vpmaddwd`. Panels of 8 rows; per chunk of 8 columns one 32-byte
+// (internal linkage, so the copies never mix): kVnni true is `vpdpbusd` ymm (VEX, AVX-VNNI; in
+// the avxvnniemu set's file, compiled without AVX-VNNI, its exact model: vpdpbusd_ymm.hpp), false
+// AVX2's `vpmaddubsw` + `vpmaddwd`. Panels of 8 rows; per chunk of 8 columns one 32-byte
 // load holds 8 rows x 8 offset nibbles (w + 8, u8), multiplied by s8 activations. AVX2 needs no
 // saturation care: u8 weights are at most 24 (MXFP4: 2 * e2m1 + 12), so a pair of products is at
 // most 2 * 24 * 128 = 6144 and two pairs added in int16 stay below 32767.
@@ -15,6 +16,7 @@
 #include "kernels/common/load_unaligned.hpp"
 #include "kernels/common/prefetch.hpp"
 #include "kernels/kernel.hpp"
+#include "kernels/x86_ymm/vpdpbusd_ymm.hpp"
 
 namespace w4a8moe::detail {
 namespace {
@@ -28,8 +30,8 @@ constexpr int64_t kYmmPanel = 8;
 template <bool kVnni>
 inline void dot8(__m256i& acc_lo, __m256i& acc_hi, __m256i lo, __m256i al, __m256i hi, __m256i ah) {
   if constexpr (kVnni) {
-    acc_lo = _mm256_dpbusd_avx_epi32(acc_lo, lo, al);
-    acc_hi = _mm256_dpbusd_avx_epi32(acc_hi, hi, ah);
+    acc_lo = dpbusd_ymm(acc_lo, lo, al);
+    acc_hi = dpbusd_ymm(acc_hi, hi, ah);
   } else {
     (void)acc_hi;
     const __m256i pairs =
