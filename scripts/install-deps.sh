@@ -4,6 +4,8 @@
 #                  OpenBLAS (the tests' plain-torch reference runs ~4x slower on the reference BLAS)
 #   --arm          the AArch64 cross compiler, qemu-user and GoogleTest's sources (the Arm stage)
 #   --reliability  clang and its runtimes: libFuzzer and the sanitizers (scripts/reliability.sh)
+#   --ccache       ccache (scripts/test.sh: its `pip install .` builds take the library's objects
+#                  from its test build)
 #   --torch2       the pinned PyTorch 2 venv of the PyTorch 2 stage (below)
 #   --vllm         the vLLM venv of the vLLM stage (vLLM's CPU build, python/requirements-vllm.txt)
 set -euo pipefail
@@ -19,12 +21,13 @@ for arg in "$@"; do
     --torch) packages+=(python3-torch libtorch-dev python3-pytest libopenblas0-pthread) ;;
     --arm) packages+=(g++-aarch64-linux-gnu qemu-user googletest) ;;
     --reliability) packages+=(clang libclang-rt-14-dev) ;;
+    --ccache) packages+=(ccache) ;;
     # what makes the venv of python/requirements-torch2.txt (Debian's venv module, and Python's
     # headers for torch.compile's C++ code); the venv itself is made by scripts/torch2-env.sh
     --torch2) torch2=1; packages+=(python3-venv python3-dev) ;;
     # vLLM's C extension links libnuma
     --vllm) vllm=1; packages+=(python3-venv python3-dev libnuma1) ;;
-    *) echo "install-deps.sh: unknown option $arg (expected --torch, --torch2, --vllm, --arm, --reliability)" >&2
+    *) echo "install-deps.sh: unknown option $arg (expected --torch, --torch2, --vllm, --arm, --reliability, --ccache)" >&2
        exit 2 ;;
   esac
 done

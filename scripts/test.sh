@@ -4,10 +4,20 @@
 # PyTorch 2 from PyPI (PyTorch 2 stage), the Arm stage and the reliability stages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install-deps.sh --torch
+scripts/install-deps.sh --torch --ccache
 jobs="$(nproc)"
+# The venvs of the PyTorch 2 and vLLM stages are filled (downloads and unpacking, on a machine
+# that has not made them yet; nothing when they are up to date) while the test build compiles.
+venvs_log="$(mktemp)"
+scripts/install-deps.sh --torch2 --vllm >"$venvs_log" 2>&1 &
+venvs_pid=$!
+# One compiler for the test build and the stages' `pip install .` builds (pip's would otherwise
+# be the interpreter's configured x86_64-linux-gnu-g++), with ccache in front: the pip builds
+# compile the library's files with the test build's very commands and take them from the cache
+# (a third of their time), whatever the torch they build the ops against.
+export CXX="${CXX:-c++}" CCACHE_DIR="${CCACHE_DIR:-$(scripts/cache-dir.sh)/ccache}"
 cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Release -DW4A8MOE_WERROR=ON \
-  -DW4A8MOE_BUILD_TORCH=ON >/dev/null
+  -DW4A8MOE_BUILD_TORCH=ON -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
 cmake --build build-test -j"$jobs"
 ctest --test-dir build-test --output-on-failure -j"$jobs" -LE torch  # torch: the stage below
 
@@ -21,13 +31,18 @@ PYTHONPATH="$PWD/build-test/python" W4A8MOE_CLI="$PWD/build-test/w4a8moe" \
 # the same suite run from outside the clone, so that the installed package is what is imported;
 # on torch 2 it adds opcheck, torch.compile and torch.export, and with the venv's gguf,
 # transformers and compressed-tensors the checkpoints those libraries write.
+wait "$venvs_pid" || { cat "$venvs_log"; echo "filling the venvs failed" >&2; exit 1; }
+cat "$venvs_log" >&2
+rm -f "$venvs_log"
+
 torch2_stage() {
   local start=$SECONDS repo=$PWD venv
   scripts/install-deps.sh --torch2
   venv="$(scripts/torch2-env.sh)"
   echo "== PyTorch 2 stage: pip install . into $venv, pytest python/tests from /tmp =="
   CMAKE_BUILD_PARALLEL_LEVEL="$jobs" "$venv/bin/python" -m pip install -q --disable-pip-version-check \
-    --no-build-isolation --no-deps --force-reinstall -Ccmake.define.W4A8MOE_WERROR=ON .
+    --no-build-isolation --no-deps --force-reinstall -Ccmake.define.W4A8MOE_WERROR=ON \
+    -Ccmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache .
   (cd /tmp && W4A8MOE_CLI="$repo/build-test/w4a8moe" \
      "$venv/bin/python" -m pytest -q -p no:cacheprovider "$repo/python/tests")
   echo "== PyTorch 2 stage: $((SECONDS - start)) s =="
@@ -48,7 +63,8 @@ vllm_stage() {
   venv="$(scripts/vllm-env.sh)"
   echo "== vLLM stage: pip install . into $venv, pytest python/tests from /tmp =="
   CMAKE_BUILD_PARALLEL_LEVEL="$jobs" "$venv/bin/python" -m pip install -q --disable-pip-version-check \
-    --no-build-isolation --no-deps --force-reinstall -Ccmake.define.W4A8MOE_WERROR=ON .
+    --no-build-isolation --no-deps --force-reinstall -Ccmake.define.W4A8MOE_WERROR=ON \
+    -Ccmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache .
   (cd /tmp && W4A8MOE_CLI="$repo/build-test/w4a8moe" \
      "$venv/bin/python" -m pytest -q -p no:cacheprovider "$repo/python/tests/test_vllm_engine.py" \
      "$repo/python/tests/test_vllm_formats.py" "$repo/python/tests/test_vllm_dense.py" \
