@@ -65,12 +65,41 @@ vllm_stage() {
   CMAKE_BUILD_PARALLEL_LEVEL="$jobs" "$venv/bin/python" -m pip install -q --disable-pip-version-check \
     --no-build-isolation --no-deps --force-reinstall -Ccmake.define.W4A8MOE_WERROR=ON \
     -Ccmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache .
-  (cd /tmp && W4A8MOE_CLI="$repo/build-test/w4a8moe" \
-     "$venv/bin/python" -m pytest -q -p no:cacheprovider "$repo/python/tests/test_vllm_engine.py" \
-     "$repo/python/tests/test_vllm_formats.py" "$repo/python/tests/test_vllm_dense.py" \
-     "$repo/python/tests/test_vllm_parallel.py" "$repo/python/tests/test_vllm_load.py" \
-     "$repo/python/tests/test_vllm_plugin.py" "$repo/python/tests/test_vllm_dropin.py" \
-     "$repo/python/tests/test_vllm_quantized.py" "$repo/python/tests/test_vllm_packers.py")
+  # vLLM runs a model on one core (it keeps the others for its front end), so the suite runs as
+  # two pytest processes at once, each binding its engines to its half of the cores (the tensor
+  # and expert parallel cases bind one rank per core over all of them); their logs follow.
+  local t="$repo/python/tests" cpus half bind_a bind_b
+  local group_a=("$t/test_vllm_formats.py" "$t/test_vllm_load.py")
+  local group_b=("$t/test_vllm_engine.py" "$t/test_vllm_dense.py" "$t/test_vllm_parallel.py"
+                 "$t/test_vllm_plugin.py" "$t/test_vllm_dropin.py" "$t/test_vllm_quantized.py"
+                 "$t/test_vllm_packers.py")
+  vllm_pytest() {  # <log> <cores> <test files...>
+    local log=$1 cores=$2
+    shift 2
+    (cd /tmp && VLLM_CPU_OMP_THREADS_BIND="$cores" W4A8MOE_CLI="$repo/build-test/w4a8moe" \
+       "$venv/bin/python" -m pytest -q -p no:cacheprovider --basetemp="$log.tmp" "$@") \
+      >"$log" 2>&1
+  }
+  cpus="$(nproc)"
+  if [ "$cpus" -lt 2 ]; then
+    vllm_pytest "$repo"/build-test/vllm-tests.log auto "${group_a[@]}" "${group_b[@]}" ||
+      { cat "$repo"/build-test/vllm-tests.log; return 1; }
+    cat "$repo"/build-test/vllm-tests.log
+  else
+    half=$((cpus / 2))
+    bind_a=0 bind_b=1
+    [ "$half" -gt 1 ] && bind_a="0-$((half - 1))" bind_b="$half-$((cpus - 1))"
+    local status_a=0 status_b=0 pid_a
+    vllm_pytest "$repo"/build-test/vllm-tests-a.log "$bind_a" "${group_a[@]}" &
+    pid_a=$!
+    vllm_pytest "$repo"/build-test/vllm-tests-b.log "$bind_b" "${group_b[@]}" || status_b=$?
+    wait "$pid_a" || status_a=$?
+    echo "-- vLLM tests, cores $bind_a: ${group_a[*]##*/}"
+    cat "$repo"/build-test/vllm-tests-a.log
+    echo "-- vLLM tests, cores $bind_b: ${group_b[*]##*/}"
+    cat "$repo"/build-test/vllm-tests-b.log
+    if [ "$status_a" != 0 ] || [ "$status_b" != 0 ]; then return 1; fi
+  fi
   echo "== vLLM stage: $((SECONDS - start)) s =="
 }
 vllm_stage

@@ -44,9 +44,10 @@ def run_vllm(folder, tmp_path, env=None, tp=1, ep=False):
     label = f"{os.path.basename(folder)}-tp{tp}{'-ep' if ep else ''}"
     trace = tmp_path / f"trace-{label}.txt"
     full_env = dict(os.environ, W4A8MOE_VLLM_TRACE=str(trace), **(env or {}))
-    if tp > 1:
-        full_env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(
-            str(i % (os.cpu_count() or 1)) for i in range(tp)))
+    if tp > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in (env or {}):
+        # one core per rank, whatever cores the caller's environment gives its one-rank runs
+        full_env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
+            str(i % (os.cpu_count() or 1)) for i in range(tp))
     proc = subprocess.run(
         [sys.executable, os.path.join(HERE, "vllm_run.py"), str(folder), "--prompt",
          ",".join(map(str, PROMPT)), "--tokens", "4", "--vocab", str(VOCAB), "--tp", str(tp)]
