@@ -1,6 +1,10 @@
 // Test-only writers of GGUF files and compressed-tensors checkpoint folders, written
 // from the formats' specifications without the library's readers, plus the small MoE models the
-// checkpoint suites store in them and an independent routing reference.
+// checkpoint suites store in them and an independent routing reference. Defined by
+// checkpoint_gguf_writer.cpp (16-bit floats, GGUF, ggml blocks), checkpoint_ct_writer.cpp
+// (compressed-tensors folders, GPTQ and AWQ modules), checkpoint_models.cpp (the MoE truths and
+// their GGUF files), checkpoint_ct_model.cpp (their compressed-tensors folders) and
+// checkpoint_routing.cpp (the routing reference).
 #pragma once
 
 #include <cstdint>
@@ -34,6 +38,14 @@ class Bytes {
   }
   size_t size() const { return data.size(); }
 };
+
+// Appends src to dst. (vector::insert trips a false -Wnonnull in aarch64 GCC 12 under -Werror.)
+inline void append_bytes(std::vector<uint8_t>& dst, const std::vector<uint8_t>& src) {
+  if (src.empty()) return;
+  const size_t at = dst.size();
+  dst.resize(at + src.size());
+  std::memcpy(dst.data() + at, src.data(), src.size());
+}
 
 uint16_t f16_bits(float v);   // round to nearest even
 uint16_t bf16_bits(float v);  // round to nearest even
