@@ -1,8 +1,8 @@
 // The model families the checkpoint suites run, one row each: how the suite's writers store a
 // small layer of the family as a GGUF file and as a Hugging Face folder, how the family routes
 // (checked against the independent routing reference) and what else its loaded layer must show.
-// test_gguf.cpp and test_compressed_tensors.cpp run every row (value-parameterised); adding a
-// family is adding a row.
+// test_gguf_layers.cpp and test_compressed_tensors.cpp run every row (value-parameterised); adding
+// a family is adding a row.
 #pragma once
 
 #include <gtest/gtest.h>
