@@ -10,8 +10,6 @@ static_assert(
 
 namespace w4a8moe::detail::avxvnniemu {
 
-void gemm_qa8_qu4p8k8(const GemmArgs& args) {
-  gemm_qa8_qu4p8k8_ymm<true, avxvnni::kTileM>(args);
-}
+void gemm_qa8_qu4p8k8(const GemmArgs& args) { gemm_qa8_qu4p8k8_ymm<true, avxvnni::kTileM>(args); }
 
 }  // namespace w4a8moe::detail::avxvnniemu

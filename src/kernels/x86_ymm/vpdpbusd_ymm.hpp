@@ -20,8 +20,8 @@ inline __m256i dpbusd_ymm(__m256i acc, __m256i a, __m256i b) {
   const __m256i a_odd = _mm256_srli_epi16(a, 8);
   const __m256i b_even = _mm256_srai_epi16(_mm256_slli_epi16(b, 8), 8);
   const __m256i b_odd = _mm256_srai_epi16(b, 8);
-  return _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(a_even, b_even),
-                                                _mm256_madd_epi16(a_odd, b_odd)));
+  return _mm256_add_epi32(
+      acc, _mm256_add_epi32(_mm256_madd_epi16(a_even, b_even), _mm256_madd_epi16(a_odd, b_odd)));
 #endif
 }
 
