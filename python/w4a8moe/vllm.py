@@ -63,6 +63,7 @@ activation_kind(activation)
   integer code above. Anything else is a ValueError, as in the engine.
 """
 
+import sys
 from typing import Optional, Tuple
 
 import torch
@@ -159,6 +160,18 @@ def _unpack_rows(words: torch.Tensor) -> torch.Tensor:
     return q.reshape(*words.shape[:-2], words.shape[-2] * 8, words.shape[-1])
 
 
+def nibbles_of(words: torch.Tensor) -> torch.Tensor:
+    """[..., R, C/8] int32 words holding column 8w + j in bits 4j, each as value + 8 (GPTQ's
+    qweight transposed, compressed-tensors' weight_packed) -> [..., R, C/2] uint8: the same
+    bytes, which are w4a8moe's nibble-packed layout (element 2j in the low nibble, value + 8;
+    docs/operator.md) on a little-endian CPU. No copy when `words` is contiguous: packing from
+    it takes no unpacked int8 (let alone int32) copy of the layer, whose transients would
+    otherwise be several times the layer (8 int32 per word)."""
+    if sys.byteorder != "little":
+        raise RuntimeError("w4a8moe.vllm.nibbles_of: a little-endian CPU is expected")
+    return words.contiguous().view(torch.uint8)
+
+
 def _unpack_cols(words: torch.Tensor, awq: bool) -> torch.Tensor:
     """[..., R, C/8] int32 -> [..., R, C] unsigned 4-bit values, column 8w + j in bits 4j (GPTQ)
     or 4 * _AWQ_NIBBLE[j] (AWQ)."""
@@ -194,9 +207,14 @@ def _group_order(g_idx: torch.Tensor, group_size: int, name: str) -> Optional[to
 def _pack_zero_point_layer(q13, q2, z13, z2, s13, s2, group_size, g13_idx, g2_idx,
                            kernel_set, symmetric, w13_bias=None, w2_bias=None,
                            gate_up_layout="halves"):
-    """Unsigned values q [E, N, K] and zeros z [E, N, G] (None: 8) -> w4a8moe.pack, act-order
-    g_idx turned into w13's input order (w2's into w13's row order). Biases as float32."""
+    """Unsigned values q [E, N, K] (int32), or their nibbles uint8 [E, N, K/2] (nibbles_of; no
+    act-order then), and zeros z [E, N, G] (None: 8) -> w4a8moe.pack, act-order g_idx turned
+    into w13's input order (w2's into w13's row order). Biases as float32."""
     from . import pack  # the package's packing entry
+
+    nibbles = q13.dtype == torch.uint8
+    if nibbles and (g13_idx is not None or g2_idx is not None):
+        raise ValueError("act-order g_idx needs the unpacked values, got nibble-packed weights")
 
     order13 = None if g13_idx is None else _group_order(g13_idx, group_size, "w13_g_idx")
     order2 = None if g2_idx is None else _group_order(g2_idx, group_size, "w2_g_idx")
@@ -215,8 +233,8 @@ def _pack_zero_point_layer(q13, q2, z13, z2, s13, s2, group_size, g13_idx, g2_id
             z13 = torch.gather(z13, 1, rows.unsqueeze(2).expand_as(z13))
         if w13_bias is not None:
             w13_bias = torch.gather(w13_bias, 1, rows)
-    w13 = (q13 - 8).to(torch.int8)
-    w2 = (q2 - 8).to(torch.int8)
+    w13 = q13 if nibbles else (q13 - 8).to(torch.int8)
+    w2 = q2 if nibbles else (q2 - 8).to(torch.int8)
     zero13 = None if symmetric else (z13 - 8).to(torch.int8).contiguous()
     zero2 = None if symmetric else (z2 - 8).to(torch.int8).contiguous()
     if group_size == -1:
@@ -250,8 +268,6 @@ def pack_gptq_moe(w13_qweight, w2_qweight, w13_scales, w2_scales, group_size, *,
         raise ValueError(f"w13_scales, w2_scales: expected [{experts}, {groups13}, {2 * inter}] "
                          f"and [{experts}, {groups2}, {hidden}], got {list(w13_scales.shape)} "
                          f"and {list(w2_scales.shape)}")
-    q13 = _unpack_rows(w13_qweight).transpose(1, 2)  # [E, 2I, H]
-    q2 = _unpack_rows(w2_qweight).transpose(1, 2)    # [E, H, I]
     z13 = z2 = None
     if not sym:
         for name, z, g, n in (("w13_qzeros", w13_qzeros, groups13, 2 * inter),
@@ -268,6 +284,12 @@ def pack_gptq_moe(w13_qweight, w2_qweight, w13_scales, w2_scales, group_size, *,
             _check(name, g, g.dtype, (experts, n))
     g13 = w13_g_idx if w13_g_idx is not None and w13_g_idx.numel() > 0 else None
     g2 = w2_g_idx if w2_g_idx is not None and w2_g_idx.numel() > 0 else None
+    if g13 is None and g2 is None:  # the words along the inputs are w4a8moe's nibbles
+        q13 = nibbles_of(w13_qweight.transpose(1, 2))  # [E, 2I, H/2]
+        q2 = nibbles_of(w2_qweight.transpose(1, 2))    # [E, H, I/2]
+    else:  # act-order gathers single inputs
+        q13 = _unpack_rows(w13_qweight).transpose(1, 2)  # [E, 2I, H]
+        q2 = _unpack_rows(w2_qweight).transpose(1, 2)    # [E, H, I]
     return _pack_zero_point_layer(q13, q2, z13, z2, w13_scales.transpose(1, 2),
                                   w2_scales.transpose(1, 2), group_size, g13, g2, kernel_set, sym,
                                   w13_bias, w2_bias, gate_up_layout)

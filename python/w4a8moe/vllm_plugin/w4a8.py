@@ -125,16 +125,17 @@ def check_weight_shapes(layer, rows13: int, hidden: int, inter: int, tp: int = 1
 def _pack_layer(method, layer) -> None:
     """What vLLM's W4A8 method does after loading, with w4a8moe's packing and experts."""
     import w4a8moe
-    from w4a8moe.vllm import _unpack_cols
+    from w4a8moe.vllm import nibbles_of
 
     if getattr(layer, "w4a8moe_packed_input", False):
         E, two_i = layer.w13_weight_packed.shape[:2]
         H = layer.w2_weight_packed.shape[1]
         check_weight_shapes(layer, two_i // 2, H, layer.w2_weight_packed.shape[2] * 8,
                             method.moe.moe_parallel_config.tp_size)
-        # compressed-tensors packs along the inputs, low nibble first, values offset by 8
-        w13 = (_unpack_cols(layer.w13_weight_packed.data, awq=False) - 8).to(torch.int8)
-        w2 = (_unpack_cols(layer.w2_weight_packed.data, awq=False) - 8).to(torch.int8)
+        # compressed-tensors packs along the inputs, low nibble first, values offset by 8:
+        # w4a8moe's nibble-packed layout, taken as it is
+        w13 = nibbles_of(layer.w13_weight_packed.data)
+        w2 = nibbles_of(layer.w2_weight_packed.data)
     else:
         w13, w2 = layer.w13_weight.data, layer.w2_weight.data
 

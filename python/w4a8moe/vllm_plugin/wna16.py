@@ -186,7 +186,7 @@ def install() -> None:
 
 
 def _pack_layer(method, layer, scales, zeros) -> None:
-    from w4a8moe.vllm import (_pack_zero_point_layer, _unpack_cols, _unpack_rows, pack_awq_moe,
+    from w4a8moe.vllm import (_pack_zero_point_layer, _unpack_rows, nibbles_of, pack_awq_moe,
                               pack_gptq_moe)
 
     from .w4a8 import check_weight_shapes
@@ -205,9 +205,9 @@ def _pack_layer(method, layer, scales, zeros) -> None:
     if fmt == "compressed-tensors":
         # weight_packed [E, N, K/8]: input k in bits 4 (k % 8), stored q + 8; zero points
         # [E, N/8, G] packed along the rows the same way (docs/checkpoints.md)
-        q13 = _unpack_cols(layer.w13_weight_packed.data, awq=False)
-        q2 = _unpack_cols(layer.w2_weight_packed.data, awq=False)
-        check_weight_shapes(layer, q13.shape[1] // 2, q13.shape[2], q2.shape[2],
+        q13 = nibbles_of(layer.w13_weight_packed.data)  # [E, 2I, H/2], no copy
+        q2 = nibbles_of(layer.w2_weight_packed.data)
+        check_weight_shapes(layer, q13.shape[1] // 2, 2 * q13.shape[2], 2 * q2.shape[2],
                             method.moe.moe_parallel_config.tp_size)
         z13 = z2 = None
         if not symmetric:
