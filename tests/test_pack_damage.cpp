@@ -61,9 +61,14 @@ TEST_F(PackedDamage, LayoutRecordFields) {
   EXPECT_EQ(g.panel_bytes % 64, 0u);
   EXPECT_EQ(g.expert_bytes, static_cast<size_t>(g.panels) * g.panel_bytes);
   expect_rejected(
+      with_header(packed_.w13, [](w4a8moe::detail::PackedHeader& x) { x.weight_format = 4; })
+          .bytes(),
+      true, {"weight format", "int4 symmetric", "int4 with zero points", "mxfp4", "int8", "got 4"});
+  // int8 (a linear layer's format) under an MoE buffer's header: its group size gives it away
+  expect_rejected(
       with_header(packed_.w13, [](w4a8moe::detail::PackedHeader& x) { x.weight_format = 3; })
           .bytes(),
-      true, {"weight format", "int4 symmetric", "int4 with zero points", "mxfp4", "got 3"});
+      true, {"expected group size -1 for int8 weights"});
   // a zero-point buffer's records hold a section more: relabelled, the sizes give it away
   // (unless the records' 64-byte alignment absorbs the section; then it reads in bounds)
   const w4a8moe::detail::Geometry zg = w4a8moe::detail::make_geometry(

@@ -93,9 +93,9 @@ TEST_F(Mxfp4Input, RefusesWhatIsNotMxfp4) {
   EXPECT_TRUE(moe_test::throws_error(pack13(case_.w13_view(), case_.w13_scale_view()),
                                      {"group_size", "expected 32 for mxfp4", "got 64"}));
   o.group_size = 32;
-  o.weight_format = static_cast<w4a8moe::WeightFormat>(3);
+  o.weight_format = static_cast<w4a8moe::WeightFormat>(4);
   EXPECT_TRUE(moe_test::throws_error(pack13(case_.w13_view(), case_.w13_scale_view()),
-                                     {"weight_format", "got 3"}));
+                                     {"weight_format", "got 4"}));
 }
 
 // ---- int4 with zero points ---------------------------------------------------------------------

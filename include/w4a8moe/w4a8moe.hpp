@@ -118,7 +118,7 @@ enum class ScaleStorage : uint8_t {
 
 enum class WeightRole : uint8_t { w13 = 0, w2 = 1 };
 
-// How the given 4-bit weights read (docs/operator.md, "Weight formats"); recorded in the packed
+// How the given weights read (docs/operator.md, "Weight formats"); recorded in the packed
 // header, so w13 and w2 may differ.
 enum class WeightFormat : uint32_t {
   // int4 values w in [-8, 7], as int8 or nibble-packed uint8 (value + 8); scales f32, bf16 or
@@ -136,6 +136,15 @@ enum class WeightFormat : uint32_t {
   // e2m1(code) * 2^(e - 127); it computes as the integer 2 * e2m1(code) in [-12, 12] times the
   // scale 2^(e - 128), both exact, the scale stored in bf16. e = 255 (NaN) is refused.
   mxfp4 = 2,
+  // int8 weights per output channel, for dense linear layers only (pack_linear; pack_w13,
+  // pack_w2 and forward() refuse them): values w as int8 [N, K] in [-128, 127] (symmetric
+  // quantizers give [-127, 127]: quantize_linear_int8()), one scale per output row [N] (f32,
+  // bf16 or f16), optional bias [N]. The value of element k of row n is w * s[n]. K must be a
+  // multiple of 32 (at most 32768); the group size -1 or K. The packer stores the row as an
+  // int4 layer with zero points of 2K inputs, the high nibbles w >> 4 then the low nibbles
+  // w & 15 (scales 16 s and s), which every kernel set computes exactly (docs/operator.md,
+  // "Dense linear layers").
+  int8 = 3,
 };
 const char* weight_format_name(WeightFormat format) noexcept;
 
@@ -242,6 +251,7 @@ PackedInfo inspect_packed(std::span<const uint8_t> packed, std::string_view argu
 // H, cols I) returns for these shapes and options, from the shapes alone (for the meta kernels of
 // graph compilers). `scale_dtype` is the dtype of the scales as given (options.scale_storage
 // applies). Throws Error naming `argument` where the packer would refuse these sizes.
+// WeightFormat::int8 (pack_linear's): role w2, one expert, cols the layer's K.
 size_t packed_size(WeightRole role, int64_t experts, int64_t rows, int64_t cols, DType scale_dtype,
                    bool has_bias, const PackOptions& options, std::string_view argument);
 
@@ -387,6 +397,8 @@ void check_moe_params(const MoeParams& params);
 // (PackOptions::weight_format int4_zero_point) int8 in [-8, 7] shaped like the scale. bias:
 // empty or [N]. PackOptions::experts, input_order and gate_up_layout do not apply (Error when
 // set). The buffer is a w2-role buffer of one expert (inspect_packed says so).
+// PackOptions::weight_format int8: w int8 [N, K] (K a multiple of 32), scale [N] (or [N, 1]),
+// no zero points, group_size -1 or K; inspect_packed reports K, group size -1 and format int8.
 PackedWeights pack_linear(const TensorView& w, const TensorView& scale,
                           const TensorView& zero_point, const TensorView& bias,
                           const PackOptions& options);
@@ -394,6 +406,22 @@ PackedWeights pack_linear(const TensorView& w, const TensorView& scale,
 // dtype or f32, not overlapping x. Bit-identical for any thread count.
 void linear(Context& context, const TensorView& x, std::span<const uint8_t> w_packed,
             const MutableTensorView& out);
+
+// Float weights [N, K] -> int8 weights per output channel, for pack_linear's int8 format:
+// symmetric, scale[n] = max_k |w[n, k]| / 127 (f32), values[n, k] = w[n, k] / scale[n] rounded
+// half to even (as torch.round) and clamped to [-127, 127]; a row of zeros gets scale 0 and
+// values 0. w: f32, bf16 or f16 [N, K], contiguous rows; values: int8 [N, K]; scales: f32 [N].
+// NaN or Inf in w is an Error naming the first such row. Runs on all hardware threads.
+void quantize_linear_int8(const TensorView& w, const MutableTensorView& values,
+                          const MutableTensorView& scales);
+
+struct LinearInt8Weights {
+  std::vector<int8_t> values;  // [N, K]
+  std::vector<float> scales;   // [N]
+  int64_t rows = 0, cols = 0;
+};
+// The same into vectors it allocates.
+LinearInt8Weights quantize_linear_int8(const TensorView& w);
 
 // ---------------------------------------------------------------------------------------------
 // Companions

@@ -6,12 +6,19 @@
 //       weight int8 [N, K] in [-8, 7] or nibble-packed uint8 [N, K/2] (mxfp4: e2m1 codes, with
 //       uint8 e8m0 scales, group 32); weight_scale [N, K/g] or [N]; zero points int8 shaped like
 //       the scales (int4 with zero points); bias [N]. Returns the packed uint8 buffer.
+//   pack_linear_int8(weight, weight_scale, bias, kernel_set) -> Tensor
+//       int8 weights per output channel: weight int8 [N, K] (K a multiple of 32), weight_scale
+//       [N] float32 / bfloat16 / float16, bias [N]. Returns the packed uint8 buffer.
+//   quantize_linear_int8(weight) -> (Tensor, Tensor)
+//       float weights [N, K] -> int8 values [N, K] and float32 scales [N] (symmetric,
+//       max|w| / 127, rounded half to even), pack_linear_int8's arguments.
 //   linear(x, w_packed, out_features) -> Tensor
 //       x [..., K] float32 / bfloat16 / float16; out [..., N] of x's dtype: x W^T + bias, each
 //       row of x quantized per row to int8 as the MoE op does.
 //
-// CPU kernels, Meta kernels for pack_linear (the size from the library's packed_size) and, on
-// torch 1.x, for linear (torch 2: w4a8moe/_fake.py); no derivative.
+// CPU kernels, Meta kernels for the packing ops (the size from the library's packed_size) and,
+// on torch 1.x, for linear and quantize_linear_int8 (torch 2: w4a8moe/_fake.py); no
+// derivative.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Optional.h>
@@ -20,6 +27,7 @@
 
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "torch_threads.hpp"
@@ -95,6 +103,83 @@ Tensor pack_linear_meta(const Tensor& weight, const Tensor& weight_scale, int64_
   });
 }
 
+// weight int8 [N, K] of the int8 format: returns (N, K).
+std::pair<int64_t, int64_t> int8_shape(const Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2, "weight: expected rank 2 [N, K], got shape ", weight.sizes());
+  TORCH_CHECK(weight.scalar_type() == at::kChar, "weight: expected dtype int8 (int8 weights), got ",
+              weight.scalar_type());
+  return {weight.size(0), weight.size(1)};
+}
+
+w4a8moe::PackOptions int8_options(const std::string& kernel_set) {
+  w4a8moe::PackOptions o;
+  o.weight_format = w4a8moe::WeightFormat::int8;
+  o.kernel_set = kernel_set;
+  return o;
+}
+
+Tensor pack_linear_int8_cpu(const Tensor& weight, const Tensor& weight_scale,
+                            const c10::optional<Tensor>& bias, std::string kernel_set) {
+  return translate_errors([&] {
+    int8_shape(weight);
+    Tensor w = weight, s = weight_scale, b;
+    const auto wv = view_of(w, "weight");
+    const auto sv = view_of(s, "weight_scale");
+    w4a8moe::TensorView bv;
+    if (bias.has_value() && bias->defined()) {
+      b = *bias;
+      bv = view_of(b, "bias");
+    }
+    return to_tensor(w4a8moe::pack_linear(wv, sv, {}, bv, int8_options(kernel_set)));
+  });
+}
+
+Tensor pack_linear_int8_meta(const Tensor& weight, const Tensor& weight_scale,
+                             const c10::optional<Tensor>& bias, std::string kernel_set) {
+  return translate_errors([&] {
+    const auto [rows, cols] = int8_shape(weight);
+    const size_t bytes = w4a8moe::packed_size(
+        w4a8moe::WeightRole::w2, 1, rows, cols,
+        to_dtype(weight_scale.scalar_type(), "weight_scale"), bias.has_value() && bias->defined(),
+        int8_options(kernel_set), "weight");
+    return at::empty({static_cast<int64_t>(bytes)}, weight.options().dtype(at::kByte));
+  });
+}
+
+void check_float_weight(const Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2, "weight: expected rank 2 [N, K], got shape ", weight.sizes());
+  TORCH_CHECK(weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16 ||
+                  weight.scalar_type() == at::kHalf,
+              "weight: expected dtype float32, bfloat16 or float16, got ", weight.scalar_type());
+}
+
+std::tuple<Tensor, Tensor> quantize_linear_int8_cpu(const Tensor& weight) {
+  return translate_errors([&] {
+    check_float_weight(weight);
+    Tensor w = weight;
+    const auto wv = view_of(w, "weight");
+    Tensor values = at::empty(w.sizes(), w.options().dtype(at::kChar));
+    Tensor scales = at::empty({w.size(0)}, w.options().dtype(at::kFloat));
+    if (w.numel() > 0)
+      w4a8moe::quantize_linear_int8(
+          wv,
+          w4a8moe::MutableTensorView::of(values.data_ptr(), w4a8moe::DType::i8,
+                                         {w.size(0), w.size(1)}),
+          w4a8moe::MutableTensorView::of(scales.data_ptr(), w4a8moe::DType::f32, {w.size(0)}));
+    else
+      scales.zero_();
+    return std::make_tuple(values, scales);
+  });
+}
+
+#if TORCH_VERSION_MAJOR < 2  // torch 2: w4a8moe/_fake.py
+std::tuple<Tensor, Tensor> quantize_linear_int8_meta(const Tensor& weight) {
+  check_float_weight(weight);
+  return std::make_tuple(at::empty(weight.sizes(), weight.options().dtype(at::kChar)),
+                         at::empty({weight.size(0)}, weight.options().dtype(at::kFloat)));
+}
+#endif
+
 // x [..., K] -> the output's shape [..., N].
 std::vector<int64_t> linear_output(const Tensor& x, int64_t out_features) {
   TORCH_CHECK(x.dim() >= 1, "x: expected rank 1 or more [..., K], got a scalar");
@@ -147,17 +232,25 @@ TORCH_LIBRARY_FRAGMENT(w4a8moe, m) {
   m.def(
       "pack_linear(Tensor weight, Tensor weight_scale, int group_size, Tensor? bias=None, "
       "Tensor? weight_zero_point=None, str kernel_set=\"\") -> Tensor");
+  m.def(
+      "pack_linear_int8(Tensor weight, Tensor weight_scale, Tensor? bias=None, "
+      "str kernel_set=\"\") -> Tensor");
+  m.def("quantize_linear_int8(Tensor weight) -> (Tensor, Tensor)");
   m.def("linear(Tensor x, Tensor w_packed, int out_features) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(w4a8moe, CPU, m) {
   m.impl("pack_linear", &w4a8moe_torch::pack_linear_cpu);
+  m.impl("pack_linear_int8", &w4a8moe_torch::pack_linear_int8_cpu);
+  m.impl("quantize_linear_int8", &w4a8moe_torch::quantize_linear_int8_cpu);
   m.impl("linear", &w4a8moe_torch::linear_cpu);
 }
 
 TORCH_LIBRARY_IMPL(w4a8moe, Meta, m) {
   m.impl("pack_linear", &w4a8moe_torch::pack_linear_meta);
+  m.impl("pack_linear_int8", &w4a8moe_torch::pack_linear_int8_meta);
 #if TORCH_VERSION_MAJOR < 2
+  m.impl("quantize_linear_int8", &w4a8moe_torch::quantize_linear_int8_meta);
   m.impl("linear", &w4a8moe_torch::linear_meta);
 #endif
 }
@@ -168,6 +261,6 @@ TORCH_LIBRARY_IMPL(w4a8moe, AutogradMeta, m) {
 #else
 TORCH_LIBRARY_IMPL(w4a8moe, Autograd, m) {
 #endif
-  for (const char* name : {"pack_linear", "linear"})
+  for (const char* name : {"pack_linear", "pack_linear_int8", "quantize_linear_int8", "linear"})
     m.impl(name, torch::CppFunction::makeFallthrough());
 }

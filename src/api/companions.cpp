@@ -45,6 +45,10 @@ Support is_supported_config(const MoeConfig& c) noexcept {
     if (!detail::is_known_weight_format(static_cast<uint32_t>(c.weight_format)))
       return no(cat("weight format ", static_cast<uint32_t>(c.weight_format),
                     " is unknown; use 0 int4_symmetric, 1 int4_zero_point or 2 mxfp4"));
+    if (c.weight_format == WeightFormat::int8)
+      return no(
+          "weight format int8 is a dense linear layer's (pack_linear and linear()), not an "
+          "MoE layer's; use int4_symmetric, int4_zero_point or mxfp4");
     if (c.weight_format == WeightFormat::mxfp4 && c.group_size != 32)
       return no(cat("mxfp4 weights have one scale per 32 elements: use group size 32, not ",
                     c.group_size));

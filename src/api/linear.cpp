@@ -7,6 +7,9 @@
 // A row's result does not depend on the rows beside it (the kernel contract), so out is
 // bit-identical for any thread count. Two runs rather than a barrier: the same code runs on a
 // caller's executor, whose tasks may run one after another.
+// int8 weights are packed as two int4 planes of K inputs (Geometry::int8_cols), which the GEMM
+// reads as one int4 layer with zero points of 2K inputs: each row of x is quantized as the row
+// [x, x] (quantize_twice).
 #include <algorithm>
 #include <cstring>
 
@@ -39,8 +42,9 @@ void check_linear(const TensorView& x, const Geometry& g, const MutableTensorVie
                     g.experts, " expert(s) of role ", g.role == WeightRole::w13 ? "w13" : "w2"));
   require_float(x.dtype, "x");
   if (x.rank != 2) throw Error(cat("x: expected rank 2 [T, K], got shape ", shape_of(x)));
-  if (x.shape[0] < 0 || x.shape[1] != g.cols)
-    throw Error(cat("x: expected shape [T, ", g.cols, "] (K of w_packed), got shape ",
+  const int64_t x_cols = g.layer_cols();
+  if (x.shape[0] < 0 || x.shape[1] != x_cols)
+    throw Error(cat("x: expected shape [T, ", x_cols, "] (K of w_packed), got shape ",
                     shape_of(x)));
   if (x.row_stride != 0 && x.row_stride < x.shape[1])
     throw Error(cat("x: expected a row stride >= ", x.shape[1], ", got ", x.row_stride));
@@ -64,7 +68,7 @@ void check_linear(const TensorView& x, const Geometry& g, const MutableTensorVie
   };
   const auto xb = reinterpret_cast<uintptr_t>(x.data), ob = reinterpret_cast<uintptr_t>(out.data);
   if (xb < end(out.data, tokens, out.stride(), g.rows, out.dtype) &&
-      ob < end(x.data, tokens, x.stride(), g.cols, x.dtype))
+      ob < end(x.data, tokens, x.stride(), x_cols, x.dtype))
     throw Error("out: expected a buffer that does not overlap x, got overlapping memory");
 }
 
@@ -83,16 +87,43 @@ struct LinearJob {
   int64_t t0, tokens, tiles;
 };
 
+// int8 weights: row t of x, twice ([x, x], 2K values), quantized as one row by the set's
+// quantizer into dst. quant_row's scale and zero point depend on the row's minimum and maximum,
+// which the copy does not change, and each element's q on its value alone: the integers are
+// those of x's row, twice, whatever byte format the set's quantizer writes. The quantizer also
+// writes each plane's group terms (a plane is a group of K), as the GEMM wants them.
+void quantize_twice(const KernelSet& set, const TensorView& x, int64_t t, float* row,
+                    const Geometry& g, void* dst, QuantRow* out) {
+  const int64_t K = g.int8_cols, base = t * x.stride();
+  if (x.dtype == DType::f32) {
+    std::memcpy(row, static_cast<const uint8_t*>(x.data) + base * 4, static_cast<size_t>(K) * 4);
+  } else {
+    for (int64_t k = 0; k < K; ++k) row[k] = load_float(x.data, x.dtype, base + k);
+  }
+  std::memcpy(row + K, row, static_cast<size_t>(K) * 4);
+  set.quantize({.src = row,
+                .cols = 2 * K,
+                .cols_padded = g.cols_padded,
+                .group_len = g.group_len,
+                .group_term_offset = set.group_term_offset(g),
+                .dst = dst,
+                .row = out});
+}
+
 // Run 1: rows t0 + tid, t0 + tid + threads, ... of x quantized.
 struct QuantizeRun {
   const LinearJob& j;
   int threads;
   void operator()(int tid) const {
     float* row = j.thread_buf + static_cast<size_t>(tid) * j.thread_floats;
-    for (int64_t r = tid; r < j.tokens; r += threads)
-      quantize_input_row(*j.set, *j.x, j.t0 + r, false, 1.0f, row, j.g->cols_padded,
-                         j.g->group_len, j.set->group_term_offset(*j.g),
-                         j.qx + static_cast<size_t>(r) * j.qrow_stride, &j.rows[r]);
+    for (int64_t r = tid; r < j.tokens; r += threads) {
+      uint8_t* dst = j.qx + static_cast<size_t>(r) * j.qrow_stride;
+      if (j.g->int8())
+        quantize_twice(*j.set, *j.x, j.t0 + r, row, *j.g, dst, &j.rows[r]);
+      else
+        quantize_input_row(*j.set, *j.x, j.t0 + r, false, 1.0f, row, j.g->cols_padded,
+                           j.g->group_len, j.set->group_term_offset(*j.g), dst, &j.rows[r]);
+    }
   }
 };
 
@@ -169,7 +200,7 @@ void linear(Context& context, const TensorView& x, std::span<const uint8_t> w_pa
   int64_t chunk = std::clamp<int64_t>(static_cast<int64_t>(kChunkScratch / per_token), 16, tokens);
   if (need(1) > impl.memory_limit)
     throw Error(cat("context: the call needs ", need(1), " bytes of scratch memory (one token: K ",
-                    g.cols, ", ", threads, " threads), more than the memory limit of ",
+                    g.layer_cols(), ", ", threads, " threads), more than the memory limit of ",
                     impl.memory_limit, " bytes; raise it with Context::set_memory_limit"));
   while (need(chunk) > impl.memory_limit) chunk = std::max<int64_t>(1, chunk / 2);
   if (impl.arena_bytes > impl.memory_limit) {  // the limit was lowered since the arena grew

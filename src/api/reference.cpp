@@ -133,6 +133,7 @@ void reference_forward(const TensorView& x, const TensorView& topk_ids,
                        const TensorView& topk_weights, const LogicalWeights& lw,
                        const MoeParams& params, const MutableTensorView& out) {
   using detail::cat;
+  detail::require_expert_format(lw.weight_format, "LogicalWeights::weight_format");
   Matrix w13{&lw.w13, &lw.w13_scale, &lw.w13_zero_point, &lw.w13_bias,
              {},      lw.group_size, lw.weight_format};
   Matrix w2{&lw.w2, &lw.w2_scale,  &lw.w2_zero_point, &lw.w2_bias,

@@ -118,21 +118,23 @@ const char* weight_format_name(WeightFormat format) noexcept {
       return "int4_zero_point";
     case WeightFormat::mxfp4:
       return "mxfp4";
+    case WeightFormat::int8:
+      return "int8";
   }
   return "unknown";
 }
 
 PackedInfo inspect_packed(std::span<const uint8_t> packed, std::string_view argument) {
   const detail::Geometry g = detail::read_geometry(packed, argument);
-  // PackedInfo's fields in order, each the geometry's of the same name.
+  // PackedInfo's fields in order, each the geometry's of the same name (the layer's, for int8).
   return {kPackedFormatVersion,
           detail::layout_name(g.layout),
           g.role,
           g.experts,
           g.rows,
-          g.cols,
-          g.group_size,
-          g.weight_format,
+          g.layer_cols(),
+          g.layer_group_size(),
+          g.layer_format(),
           g.scale_dtype,
           g.has_bias,
           g.expert_bytes,

@@ -104,15 +104,18 @@ WeightInput check_weight_input(const TensorView& w, const TensorView& scale,
                                WeightFormat format) {
   WeightInput in;
   const bool mxfp4 = format == WeightFormat::mxfp4;
+  const bool int8 = format == WeightFormat::int8;
   if (!is_known_weight_format(static_cast<uint32_t>(format)))
     throw Error(
-        cat("weight_format: expected int4_symmetric (0), int4_zero_point (1) or mxfp4 (2), "
-            "got ",
+        cat("weight_format: expected int4_symmetric (0), int4_zero_point (1), mxfp4 (2) or int8 "
+            "(3), got ",
             static_cast<uint32_t>(format)));
   require_data(w.data, w_name);
   if (mxfp4 && w.dtype != DType::u8)
     throw Error(cat(w_name, ": expected dtype u8 (mxfp4 e2m1 codes, two per byte), got ",
                     dtype_name(w.dtype)));
+  if (int8 && w.dtype != DType::i8)
+    throw Error(cat(w_name, ": expected dtype i8 (int8 weights), got ", dtype_name(w.dtype)));
   if (w.dtype != DType::i8 && w.dtype != DType::u8)
     throw Error(cat(w_name, ": expected dtype i8 (int4 values) or u8 (nibble-packed), got ",
                     dtype_name(w.dtype)));
@@ -127,6 +130,15 @@ WeightInput check_weight_input(const TensorView& w, const TensorView& scale,
     throw Error(cat(w_name, ": expected at most ", INT64_MAX / 2,
                     " nibble-packed bytes per row, got shape ", shape_of(w)));
   in.cols = in.nibbles ? w.shape[2] * 2 : w.shape[2];
+  if (int8) {  // one scale per output row: the group size -1 or K (taken as -1)
+    if (in.cols % kGroupBlock != 0)
+      throw Error(cat(w_name, ": expected an input dimension K that is a multiple of ", kGroupBlock,
+                      " for int8 weights, got K = ", in.cols));
+    if (group_size != -1 && group_size != in.cols)
+      throw Error(cat("group_size: expected -1 or K (", in.cols,
+                      ") for int8 weights (one scale per output row), got ", group_size));
+    group_size = -1;
+  }
   if (!group_size_fits(group_size, in.cols))
     throw Error(cat("group_size: expected -1 or a multiple of 32 that divides ", in.cols,
                     " (the input dimension of ", w_name, "), got ", group_size));
@@ -180,6 +192,13 @@ WeightInput check_weight_input(const TensorView& w, const TensorView& scale,
     require_addressable(bias, bias_name);
   }
   return in;
+}
+
+void require_expert_format(WeightFormat format, std::string_view name) {
+  if (format == WeightFormat::int8)
+    throw Error(cat(name,
+                    ": expected int4_symmetric, int4_zero_point or mxfp4 for an MoE layer's "
+                    "experts, got int8 (a dense linear layer's format: pack_linear and linear())"));
 }
 
 void check_params(const MoeParams& p) {

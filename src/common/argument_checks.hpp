@@ -37,14 +37,18 @@ struct WeightInput {
   int64_t groups = 0;    // scale columns (1 when channelwise)
 };
 
-// 0 int4_symmetric, 1 int4_zero_point or 2 mxfp4.
-constexpr bool is_known_weight_format(uint32_t code) noexcept { return code <= 2; }
+// 0 int4_symmetric, 1 int4_zero_point, 2 mxfp4 or 3 int8 (dense linear layers only).
+constexpr bool is_known_weight_format(uint32_t code) noexcept { return code <= 3; }
+// The experts' formats: int8 is a dense linear layer's (pack_linear, linear()) only. Throws
+// Error naming `name` for int8.
+void require_expert_format(WeightFormat format, std::string_view name);
 
 // int4_symmetric and int4_zero_point: w [E, N, K] i8 or [E, N, K/2] u8, scale [E, N, K/g] or [E, N]
 // in a float dtype. mxfp4: w [E, N, K/2] u8 codes, scale [E, N, K/32] u8 exponents, group_size 32
 // (the exponents' values are checked by the packer). bias empty or [E, N]. int4_zero_point:
 // zero_point i8 shaped like the scale (its values are checked by the packer); for the other formats
-// zero_point must be empty.
+// zero_point must be empty. int8: w [E, N, K] i8 with K a multiple of 32, scale as channelwise
+// int4's, group_size -1 or K, no zero points.
 // An input order (PackOptions::input_order, LogicalWeights::w13_input_order): empty, or w13's
 // contiguous int32 [experts, cols] with each row a permutation of [0, cols); Error naming `name`.
 void check_input_order(const TensorView& order, WeightRole role, int64_t experts, int64_t cols,

@@ -54,6 +54,19 @@ int64_t source_row(const PackJob& job, int64_t n) {
 void read_row(const PackJob& job, int64_t e, int64_t n, int8_t* dst, uint8_t* codes) {
   const int64_t src_row = source_row(job, n);
   const int64_t cols = job.in.cols;
+  if (job.g.int8()) {
+    // Two int4 planes of K (Geometry::int8_cols): h = w >> 4 (arithmetic) in [-8, 7], then
+    // l - 8 with l = w & 15 in [0, 15]. Every int8 w is 16 h + l (two's complement). With zero
+    // points 0 and -8 (read_zero_point) the sums multiply w - z = h and l, with scales 16 s and
+    // s (store_int8_scale): 16 s SUM q h + s SUM q l = s SUM q (16 h + l) = s SUM q w, integer
+    // sums as exact as int4's (w - z + 15 in [0, 30] where kernels offset them).
+    const auto* src = static_cast<const int8_t*>(job.w->data) + (e * job.in.rows + src_row) * cols;
+    for (int64_t k = 0; k < cols; ++k) {
+      dst[k] = static_cast<int8_t>(src[k] >> 4);
+      dst[cols + k] = static_cast<int8_t>((src[k] & 15) - 8);
+    }
+    return;  // 2K = cols_padded (K is a multiple of 32)
+  }
   if (job.g.weight_format == WeightFormat::mxfp4) {
     const auto* src =
         static_cast<const uint8_t*>(job.w->data) + (e * job.in.rows + src_row) * (cols / 2);
@@ -119,10 +132,32 @@ void write_weights(const Geometry& g, const LayoutInfo& info, int64_t pr, const 
     for (int j = 0; j < 4; ++j) panel[c * 4 * P + 4 * r + j] = pair(8 * c + j, 8 * c + 4 + j);
 }
 
+// int8: the row's one scale s (or its bf16 rounding) for the low plane (group 1), 16 s for the
+// high plane (group 0). 16 s is exact in every scale dtype (a power of two times a value the
+// dtype holds) unless it overflows, which is refused.
+float store_int8_scale(const PackJob& job, int64_t e, int64_t src_row, int64_t b, uint8_t* sdst) {
+  const Geometry& g = job.g;
+  const float given = load_float(job.scale->data, job.scale->dtype, e * job.in.rows + src_row);
+  float s = g.scale_dtype == job.scale->dtype ? given : bf16_to_f32(f32_to_bf16(given));
+  if (b == 0) s *= 16.0f;
+  if (g.scale_dtype == DType::f32) {
+    std::memcpy(sdst, &s, 4);
+  } else {
+    const uint16_t h = g.scale_dtype == DType::bf16 ? f32_to_bf16(s) : f32_to_f16(s);
+    std::memcpy(sdst, &h, 2);
+    s = g.scale_dtype == DType::bf16 ? bf16_to_f32(h) : f16_to_f32(h);
+  }
+  if (std::isfinite(given) && !std::isfinite(s))
+    throw Error(cat(job.w_name, "_scale: expected scales s whose 16 s (the high nibbles' scale) ",
+                    dtype_name(g.scale_dtype), " holds, got ", given, " at [", src_row, "]"));
+  return s;
+}
+
 // The scale of group b as stored: the given one (or its bf16 rounding); mxfp4, 2^(e - 128) in
 // bf16 from the exponent e (exact: bf16 has f32's exponent range, denormals included).
 float store_scale(const PackJob& job, int64_t e, int64_t src_row, int64_t b, uint8_t* sdst) {
   const Geometry& g = job.g;
+  if (g.int8()) return store_int8_scale(job, e, src_row, b, sdst);
   const int64_t src_index = (e * job.in.rows + src_row) * g.groups + b;
   const size_t sbytes = dtype_bytes(g.scale_dtype);
   if (g.weight_format == WeightFormat::mxfp4) {
@@ -146,6 +181,7 @@ float store_scale(const PackJob& job, int64_t e, int64_t src_row, int64_t b, uin
 
 // The zero point of group b as given, checked: an int4 value in [-8, 7].
 int8_t read_zero_point(const PackJob& job, int64_t e, int64_t src_row, int64_t b) {
+  if (job.g.int8()) return b == 0 ? int8_t{0} : int8_t{-8};  // the planes of read_row
   const int8_t z = static_cast<const int8_t*>(
       job.zero_point->data)[(e * job.in.rows + src_row) * job.g.groups + b];
   if (z < -8 || z > 7)
@@ -154,7 +190,12 @@ int8_t read_zero_point(const PackJob& job, int64_t e, int64_t src_row, int64_t b
   return z;
 }
 
-void pack_expert(const PackJob& job, int64_t e, uint8_t* block) {
+// Rows per packing task of one expert: a multiple of kBlockRows (and so of every panel height),
+// so that the rows [j0, j1) of every part that a task packs are whole panels of their own.
+constexpr int64_t kPackRows = 4 * kBlockRows;
+
+// Rows [j0, j1) of each part of expert e (j0 a multiple of kPackRows) into its block.
+void pack_rows(const PackJob& job, int64_t e, uint8_t* block, int64_t j0, int64_t j1) {
   const Geometry& g = job.g;
   const LayoutInfo& info = layout_info(static_cast<uint32_t>(g.layout), job.w_name);
   const auto cols = static_cast<size_t>(g.cols_padded);
@@ -162,7 +203,7 @@ void pack_expert(const PackJob& job, int64_t e, uint8_t* block) {
   std::vector<uint8_t> codes(cols), nib(cols);
   const size_t sbytes = dtype_bytes(g.scale_dtype);
   for (int64_t part = 0; part < g.parts; ++part)
-    for (int64_t j = 0; j < g.part_rows_padded; ++j) {
+    for (int64_t j = j0; j < j1; ++j) {
       const int64_t pr = g.stored_row(part, j);
       if (j >= g.part_rows) {  // padding row: weight 0, scale 0, zero point 0 (stored 8),
                                // correction 0, bias 0
@@ -211,7 +252,7 @@ void pack_expert(const PackJob& job, int64_t e, uint8_t* block) {
         std::memcpy(g.row_bias(block, pr), &b, 4);
       }
     }
-  if (g.has_input_order)
+  if (g.has_input_order && j0 == 0)
     std::memcpy(g.input_order(block),
                 static_cast<const int32_t*>(job.input_order->data) + e * g.cols,
                 static_cast<size_t>(g.cols) * 4);
@@ -253,6 +294,7 @@ PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale
   const KernelSet& set = options.kernel_set.empty()
                              ? active_set()
                              : set_by_name(options.kernel_set, "PackOptions::kernel_set");
+  // int8: check_weight_input took the group size -1 or K; the geometry's is K, the header's -1
   job.g = make_geometry(set.layout, role, selected_experts(options, job.in.experts), job.in.rows,
                         job.in.cols, options.group_size, scale_dtype, !bias.empty(),
                         options.weight_format, w_name, !options.input_order.empty());
@@ -270,22 +312,26 @@ PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale
   h.role = static_cast<uint32_t>(role);
   h.experts = static_cast<uint32_t>(job.g.experts);
   h.rows = static_cast<uint32_t>(job.g.rows);
-  h.cols = static_cast<uint32_t>(job.g.cols);
-  h.group_size = job.g.group_size;
+  h.cols = static_cast<uint32_t>(job.g.layer_cols());
+  h.group_size = job.g.layer_group_size();
   h.scale_dtype = static_cast<uint32_t>(scale_dtype);
   h.flags = (job.g.has_bias ? kFlagBias : 0u) | (job.g.has_input_order ? kFlagInputOrder : 0u);
   h.expert_bytes = job.g.expert_bytes;
   h.total_bytes = job.g.total_bytes;
-  h.weight_format = static_cast<uint32_t>(options.weight_format);
+  h.weight_format = static_cast<uint32_t>(job.g.layer_format());
   h.block_rows = static_cast<uint32_t>(job.g.block_rows);
   h.panel_bytes = job.g.panel_bytes;
   h.checksum = header_checksum(h);
   std::memcpy(out.data(), &h, sizeof h);
 
-  // Experts are independent: pack them on all hardware threads (a one-time cost).
-  parallel_for(job.g.experts, std::thread::hardware_concurrency(), [&](int64_t e) {
-    pack_expert(job, options.experts.empty() ? e : options.experts[static_cast<size_t>(e)],
-                out.data() + kHeaderBytes + static_cast<size_t>(e) * job.g.expert_bytes);
+  // Experts, and runs of rows of one expert, are independent: pack them on all hardware threads
+  // (a one-time cost; a linear layer is one expert of up to hundreds of thousands of rows).
+  const int64_t runs = (job.g.part_rows_padded + kPackRows - 1) / kPackRows;
+  parallel_for(job.g.experts * runs, std::thread::hardware_concurrency(), [&](int64_t task) {
+    const int64_t e = task / runs, j0 = task % runs * kPackRows;
+    pack_rows(job, options.experts.empty() ? e : options.experts[static_cast<size_t>(e)],
+              out.data() + kHeaderBytes + static_cast<size_t>(e) * job.g.expert_bytes, j0,
+              std::min(j0 + kPackRows, job.g.part_rows_padded));
   });
   return out;
 }
@@ -313,24 +359,28 @@ size_t packed_size(WeightRole role, int64_t experts, int64_t rows, int64_t cols,
 
 PackedWeights pack_w13(const TensorView& w13, const TensorView& scale, const TensorView& bias,
                        const PackOptions& options) {
+  detail::require_expert_format(options.weight_format, "PackOptions::weight_format");
   return detail::pack(WeightRole::w13, w13, scale, TensorView{}, bias, options,
                       detail::names_of(WeightRole::w13));
 }
 
 PackedWeights pack_w2(const TensorView& w2, const TensorView& scale, const TensorView& bias,
                       const PackOptions& options) {
+  detail::require_expert_format(options.weight_format, "PackOptions::weight_format");
   return detail::pack(WeightRole::w2, w2, scale, TensorView{}, bias, options,
                       detail::names_of(WeightRole::w2));
 }
 
 PackedWeights pack_w13(const TensorView& w13, const TensorView& scale, const TensorView& zero_point,
                        const TensorView& bias, const PackOptions& options) {
+  detail::require_expert_format(options.weight_format, "PackOptions::weight_format");
   return detail::pack(WeightRole::w13, w13, scale, zero_point, bias, options,
                       detail::names_of(WeightRole::w13));
 }
 
 PackedWeights pack_w2(const TensorView& w2, const TensorView& scale, const TensorView& zero_point,
                       const TensorView& bias, const PackOptions& options) {
+  detail::require_expert_format(options.weight_format, "PackOptions::weight_format");
   return detail::pack(WeightRole::w2, w2, scale, zero_point, bias, options,
                       detail::names_of(WeightRole::w2));
 }

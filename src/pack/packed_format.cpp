@@ -42,6 +42,28 @@ Geometry make_geometry(LayoutId layout, WeightRole role, int64_t experts, int64_
                        int64_t cols, int group_size, DType scale_dtype, bool has_bias,
                        WeightFormat weight_format, std::string_view argument,
                        bool has_input_order) {
+  if (weight_format == WeightFormat::int8) {
+    // Two int4 planes of K inputs each (Geometry::int8_cols; docs/packed-format.md, "Weight
+    // formats in the records").
+    if (role != WeightRole::w2 || experts != 1)
+      throw Error(cat(argument,
+                      ": expected one expert of role w2 for int8 weights (a linear layer's "
+                      "format), got ",
+                      experts, " expert(s) of role ", role == WeightRole::w13 ? "w13" : "w2"));
+    if (cols < 1 || cols % kBlock != 0 || cols > kMaxInt8Cols)
+      throw Error(
+          cat(argument, ": expected an input dimension K that is a multiple of ", kBlock, " in [",
+              kBlock, ", ", kMaxInt8Cols,
+              "] for int8 weights (two int4 planes of K, int32 accumulators), got K = ", cols));
+    if (group_size != -1 && group_size != cols)
+      throw Error(cat(argument, ": expected group size -1 or K (", cols,
+                      ") for int8 weights (one scale per output row), got ", group_size));
+    Geometry g =
+        make_geometry(layout, role, experts, rows, 2 * cols, static_cast<int>(cols), scale_dtype,
+                      has_bias, WeightFormat::int4_zero_point, argument, has_input_order);
+    g.int8_cols = cols;
+    return g;
+  }
   const int64_t u32max = std::numeric_limits<uint32_t>::max();
   if (experts < 1 || experts > u32max || rows < 1 || rows > u32max || cols < 1 || cols > u32max)
     throw Error(cat(argument, ": expected experts, rows and columns in [1, 2^32), got ", experts,
@@ -144,14 +166,17 @@ Geometry read_geometry(std::span<const uint8_t> packed, std::string_view argumen
   const auto format = static_cast<WeightFormat>(h.weight_format);
   if (!is_known_weight_format(h.weight_format))
     throw Error(cat(argument,
-                    ": expected weight format 0 (int4 symmetric), 1 (int4 with zero points) or 2 "
-                    "(mxfp4), got ",
+                    ": expected weight format 0 (int4 symmetric), 1 (int4 with zero points), 2 "
+                    "(mxfp4) or 3 (int8), got ",
                     h.weight_format, " in header"));
   if (format == WeightFormat::mxfp4 &&
       (h.group_size != 32 || h.scale_dtype != static_cast<uint32_t>(DType::bf16)))
     throw Error(cat(argument, ": expected group size 32 and bf16 scales for mxfp4 weights, got ",
                     "group size ", h.group_size, " and scale dtype code ", h.scale_dtype,
                     " in header"));
+  if (format == WeightFormat::int8 && h.group_size != -1)
+    throw Error(cat(argument, ": expected group size -1 for int8 weights, got group size ",
+                    h.group_size, " in header"));
   if (h.block_rows != kBlockRows)
     throw Error(cat(argument, ": expected blocks of ", kBlockRows, " rows, got ", h.block_rows,
                     " in header"));
@@ -164,13 +189,21 @@ Geometry read_geometry(std::span<const uint8_t> packed, std::string_view argumen
     throw Error(cat(argument, ": the header's sizes do not match its dimensions"));
   if (packed.size() != g.total_bytes)
     throw Error(cat(argument, ": expected ", g.total_bytes, " bytes for ", g.experts,
-                    " experts of ", g.rows, " x ", g.cols, ", got ", packed.size(),
+                    " experts of ", g.rows, " x ", g.layer_cols(), ", got ", packed.size(),
                     " bytes (truncated or padded buffer)"));
   return g;
 }
 
 ForwardShape check_packed_pair(const Geometry& w13, const Geometry& w2, std::string_view w13_name,
                                std::string_view w2_name) {
+  const auto refuse_int8 = [](const Geometry& g, std::string_view name) {
+    if (g.int8())
+      throw Error(cat(name,
+                      ": expected an MoE layer's int4 or mxfp4 weights, got int8 weights (a "
+                      "dense linear layer's format: run them with linear())"));
+  };
+  refuse_int8(w13, w13_name);
+  refuse_int8(w2, w2_name);
   if (w13.role != WeightRole::w13)
     throw Error(cat(w13_name, ": expected weights packed as w13, got a buffer packed as w2"));
   if (w2.role != WeightRole::w2)

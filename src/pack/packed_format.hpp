@@ -45,6 +45,8 @@ inline constexpr int64_t kBlock = kGroupBlock;  // K granularity of every layout
 // Largest input dimension: keeps every int32 sum exact in all kernels (|u * q| <= 30 * 128 =
 // 3840 per element for the unsigned weights u of any format, and 2^16 * 3840 < 2^31).
 inline constexpr int64_t kMaxCols = int64_t{1} << 16;
+// int8 weights take two int4 inputs per input (Geometry::int8_cols).
+inline constexpr int64_t kMaxInt8Cols = kMaxCols / 2;
 
 // MXFP4: 2 * e2m1(code) for each 4-bit code (bit 3 the sign), an integer in [-12, 12].
 inline constexpr int8_t kMxfp4Doubled[16] = {0, 1,  2,  3,  4,  6,  8,  12,
@@ -135,6 +137,12 @@ struct Geometry {
   // whose value kernels take from kMxfp4Doubled (kMxfp4Offset more in the layouts of offset
   // nibbles), with scales 2^(e - 128).
   WeightFormat weight_format = WeightFormat::int4_symmetric;
+  // int8 (a linear layer's format): the layer's K, and everything else above is the geometry of
+  // the int4 layer with zero points the kernels read: 2K inputs (cols), two groups of K
+  // (group_size K), the high nibbles w >> 4 with zero point 0 and scale 16 s, then the low
+  // nibbles (w & 15) - 8 with zero point -8 and scale s. The header records the layer: K,
+  // group size -1, format int8. 0 for the other formats.
+  int64_t int8_cols = 0;
   bool has_bias = false;
   // w13 with an input order: after the panel records, int32 [cols] per expert, the input that
   // packed column c multiplies (a permutation of [0, cols): act-order checkpoints, whose scale
@@ -152,6 +160,12 @@ struct Geometry {
   size_t total_bytes = 0;
 
   bool channelwise() const noexcept { return group_size < 0; }
+  bool int8() const noexcept { return int8_cols != 0; }
+  // The layer as the header records it and inspect_packed() reports it: x's columns, the group
+  // size and the format the caller gave.
+  int64_t layer_cols() const noexcept { return int8() ? int8_cols : cols; }
+  int layer_group_size() const noexcept { return int8() ? -1 : group_size; }
+  WeightFormat layer_format() const noexcept { return int8() ? WeightFormat::int8 : weight_format; }
   // The offset of the unsigned weights the kernels of offset layouts multiply: the quantizer's
   // group terms for rows meeting these weights are -offset * SUM q (QuantRow::group_terms).
   // A kernel set may start zero-point groups otherwise: KernelSet::group_term_offset.
@@ -202,7 +216,8 @@ struct Geometry {
 };
 
 // Throws Error (naming `argument`) when the sizes overflow or the group size does not fit, or
-// for an input order of w2.
+// for an input order of w2. WeightFormat::int8 takes the layer's K and group size -1 or K, one
+// expert of role w2, and returns the geometry of its two int4 planes (Geometry::int8_cols).
 Geometry make_geometry(LayoutId layout, WeightRole role, int64_t experts, int64_t rows,
                        int64_t cols, int group_size, DType scale_dtype, bool has_bias,
                        WeightFormat weight_format, std::string_view argument,
