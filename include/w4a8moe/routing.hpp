@@ -18,10 +18,12 @@
 // | Llama-4                        | sigmoid      | no          | K = 1, weight applied on the   |
 // |                                |              |             | input (MoeParams)              |
 //
-// Ties: among equal selection values the lowest expert index wins (a stable descending sort),
-// which is what torch.topk returns on CPU in practice (torch does not document it). The chosen
-// experts of a token are listed best first. A NaN score ranks below every number, so every id is
-// always in [0, E) and a token whose logits hold NaN gets NaN weights (and a NaN output row) only.
+// Ties: among equal selection values the lowest expert index wins (a stable descending sort).
+// torch.topk promises no order among equal values, and on CPU does not return the lowest index
+// (the top 2 of [0.5, 1, 1, 0.2, 1, 1, 0.3, 1] come out as indices 4 and 7): a reference written
+// with it agrees only on data without ties. The chosen experts of a token are listed best
+// first. A NaN score ranks below every number, so every id is always in [0, E) and a token whose
+// logits hold NaN gets NaN weights (and a NaN output row) only.
 #pragma once
 
 #include <cstdint>

@@ -12,6 +12,8 @@
 //   packed_info                   the decoded header of a packed tensor
 //   is_supported_config, set_num_threads, get_num_threads, active_kernel_set,
 //   available_kernel_sets, set_isa_cap, cpu_features
+// Fragments of the same library: torch_routed_ops.cpp (moe_routed: router logits in, the top-k
+// inside the op), torch_ep_ops.cpp (expert parallelism), torch_linear_ops.cpp (dense layers).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -23,16 +25,15 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 #include <span>
 #include <string>
 #include <tuple>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
 // Only the public API: the meta kernel of the packing op asks the library for the packed size
 // (w4a8moe::packed_size, the packer's own geometry), so the two can never disagree.
+#include "torch_packed_headers.hpp"
 #include "torch_threads.hpp"
 #include "torch_util.hpp"
 #include "w4a8moe/w4a8moe.hpp"
@@ -55,90 +56,7 @@ using util::with_input_order;
 // ---------------------------------------------------------------------------------------------
 // The forward op
 
-struct Sizes {
-  int64_t hidden, inter, group_size;
-};
-
-// What the op holds hidden_size, intermediate_size and group_size against: a packed header's role
-// and dimensions.
-struct HeaderFacts {
-  w4a8moe::WeightRole role;
-  int64_t rows, cols;
-  int group_size;
-};
-
-// The packed headers the forward op has decoded. forward() decodes and checks both headers on
-// every call; the op needs them before that, to check its size arguments, and takes them from
-// here so that a call decodes each header once (in forward()), or twice the first time a buffer
-// is seen. An entry is keyed on the buffer's address and size and keeps a copy of the header's
-// bytes; it serves only a buffer of that size that still holds those bytes. What a header says
-// is a function of those bytes and the buffer's size alone (docs/packed-format.md, "The
-// buffer": the header, then the experts), so an entry that serves gives what decoding gives,
-// and a buffer rewritten in place, or freed and its memory reused by another, is decoded anew.
-// Thread-safe without waiting: a call that finds the lock taken (by a concurrent call, or in a
-// child forked while a parent thread held it) decodes instead.
-class HeaderCache {
- public:
-  static HeaderCache& instance() {
-    static HeaderCache* cache = new HeaderCache;  // never destroyed: ops may run during exit
-    return *cache;
-  }
-
-  HeaderFacts facts(std::span<const uint8_t> packed, const char* name) {
-    {
-      std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
-      if (lock.owns_lock()) {
-        const auto it = entries_.find(packed.data());
-        if (it != entries_.end() && it->second.size == packed.size() &&
-            std::equal(it->second.header.begin(), it->second.header.end(), packed.begin()))
-          return it->second.facts;
-      }
-    }
-    const w4a8moe::PackedInfo info = w4a8moe::inspect_packed(packed, name);
-    const HeaderFacts facts{info.role, info.rows, info.cols, info.group_size};
-    const size_t header_bytes =
-        info.total_bytes - static_cast<size_t>(info.experts) * info.expert_bytes;
-    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
-    if (lock.owns_lock()) {
-      if (entries_.size() >= kMaxEntries) entries_.clear();
-      Entry& e = entries_[packed.data()];
-      e.size = packed.size();
-      e.header.assign(packed.begin(), packed.begin() + static_cast<std::ptrdiff_t>(header_bytes));
-      e.facts = facts;
-    }
-    return facts;
-  }
-
- private:
-  // Two buffers per MoE layer: more than the layers of the models in use. When full, it starts
-  // over.
-  static constexpr size_t kMaxEntries = 1024;
-  struct Entry {
-    size_t size = 0;
-    std::vector<uint8_t> header;
-    HeaderFacts facts{};
-  };
-  std::mutex mutex_;
-  std::unordered_map<const uint8_t*, Entry> entries_;
-};
-
-// hidden_size, intermediate_size and group_size must agree with the packed buffers' headers.
-void check_sizes_against_packed(const HeaderFacts& w13, const HeaderFacts& w2, const Sizes& s) {
-  TORCH_CHECK(w13.role == w4a8moe::WeightRole::w13,
-              "w13_packed: expected weights packed as w13, got a buffer packed as w2");
-  TORCH_CHECK(w2.role == w4a8moe::WeightRole::w2,
-              "w2_packed: expected weights packed as w2, got a buffer packed as w13");
-  TORCH_CHECK(s.hidden == w13.cols, "hidden_size: expected ", w13.cols,
-              " (the hidden size of w13_packed), got ", s.hidden);
-  TORCH_CHECK(2 * s.inter == w13.rows, "intermediate_size: expected ", w13.rows / 2,
-              " (half the rows of w13_packed), got ", s.inter);
-  TORCH_CHECK(s.hidden == w2.rows && s.inter == w2.cols, "w2_packed: expected [", s.hidden, ", ",
-              s.inter, "] per expert (hidden_size, intermediate_size), got [", w2.rows, ", ",
-              w2.cols, "]");
-  TORCH_CHECK(s.group_size == w13.group_size && s.group_size == w2.group_size,
-              "group_size: expected ", w13.group_size, " (the group size of w13_packed), got ",
-              s.group_size);
-}
+using headers::Sizes;
 
 // Shape and dtype checks shared by the CPU and the Meta kernels; returns the output's shape.
 std::array<int64_t, 2> infer_output(const Tensor& x, const Tensor& topk_ids,
@@ -188,12 +106,7 @@ Tensor moe_ex_cpu(const Tensor& x_in, const Tensor& topk_ids_in, const Tensor& t
                   int64_t activation_kind, double alpha, double limit) {
   const Sizes sizes{hidden_size, intermediate_size, group_size};
   return translate_errors([&] {
-    const auto w13 = bytes_of(w13_packed, "w13_packed");
-    const auto w2 = bytes_of(w2_packed, "w2_packed");
-    // w2's header first: a call with both headers damaged names w2_packed.
-    HeaderCache& headers = HeaderCache::instance();
-    const HeaderFacts w2_facts = headers.facts(w2, "w2_packed");
-    check_sizes_against_packed(headers.facts(w13, "w13_packed"), w2_facts, sizes);
+    const headers::Packed packed = headers::checked_packed(w13_packed, w2_packed, sizes);
     const auto shape = infer_output(x_in, topk_ids_in, topk_weights_in, sizes, activation_kind);
     Tensor out = at::empty({shape[0], shape[1]}, x_in.options());
     if (shape[0] == 0) return out;
@@ -209,7 +122,7 @@ Tensor moe_ex_cpu(const Tensor& x_in, const Tensor& topk_ids_in, const Tensor& t
     const auto ov = w4a8moe::MutableTensorView::of(out.data_ptr(), xv.dtype, {shape[0], shape[1]});
 
     threads::with_context([&](w4a8moe::Context& context) {
-      w4a8moe::forward(context, xv, ids, weights, w13, w2, params, ov);
+      w4a8moe::forward(context, xv, ids, weights, packed.w13, packed.w2, params, ov);
     });
     return out;
   });

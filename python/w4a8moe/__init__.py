@@ -33,10 +33,13 @@ __all__ = [
     "is_supported_config",
     "linear",
     "moe",
+    "moe_routed",
     "ops",
     "pack",
     "pack_linear",
+    "pack_linear_int8",
     "packed_info",
+    "quantize_linear_int8",
     "quant_row",
     "reference_moe",
     "set_isa_cap",
@@ -92,7 +95,7 @@ class PackedInfo(NamedTuple):
     has_bias: bool
     expert_bytes: int
     total_bytes: int
-    weight_format: str  # "int4_symmetric", "int4_zero_point" or "mxfp4"
+    weight_format: str  # "int4_symmetric", "int4_zero_point", "mxfp4" or "int8" (linear only)
     has_input_order: bool  # w13 packed with an input order (act-order)
 
 
@@ -213,6 +216,32 @@ def pack_linear(
     return ops.pack_linear(weight, weight_scale, group_size, bias, weight_zero_point, kernel_set)
 
 
+def pack_linear_int8(
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    *,
+    bias: Optional[torch.Tensor] = None,
+    kernel_set: str = "",
+) -> torch.Tensor:
+    """A dense linear layer's int8 weights packed for linear(): weight int8 [N, K] in
+    [-128, 127] with K a multiple of 32, one scale per output row weight_scale [N] (float32,
+    bfloat16 or float16), bias [N]. Element (n, k) is weight[n, k] * weight_scale[n], computed
+    exactly (docs/operator.md, "Dense linear layers"): linear() reads one byte per weight at
+    decode, on every kernel set. packed_info() reports the format "int8", K and group size -1.
+    quantize_linear_int8() makes (weight, weight_scale) from float weights."""
+    return ops.pack_linear_int8(weight, weight_scale, bias, kernel_set)
+
+
+def quantize_linear_int8(weight: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Float weights [N, K] (float32, bfloat16 or float16) -> (int8 values [N, K], float32
+    scales [N]), symmetric per output row: scale = max|w| / 127 and values
+    round(w / scale) rounded half to even (as torch.round) in [-127, 127]; an all-zero row gets
+    scale 0. NaN or Inf raises RuntimeError naming the first such row. Runs on all hardware
+    threads (an LM head of 150k rows takes a fraction of a second)."""
+    values, scales = ops.quantize_linear_int8(weight)
+    return values, scales
+
+
 def linear(x: torch.Tensor, w_packed: torch.Tensor,
            out_features: Optional[int] = None) -> torch.Tensor:
     """x [..., K] float32/bfloat16/float16 -> x W^T + bias, [..., N] in x's dtype, each row of x
@@ -276,3 +305,52 @@ def set_isa_cap(name: str) -> None:
 def cpu_features() -> str:
     """The CPU features the library detected, as one line."""
     return ops.cpu_features()
+
+
+def moe_routed(
+    x: torch.Tensor,
+    router_logits: torch.Tensor,
+    w13_packed: torch.Tensor,
+    w2_packed: torch.Tensor,
+    *,
+    top_k: int,
+    renormalize: bool,
+    scoring_func: str = "softmax",
+    routed_scaling_factor: float = 1.0,
+    num_expert_group: int = 1,
+    topk_group: int = 1,
+    e_score_correction_bias: Optional[torch.Tensor] = None,
+    activation="silu",
+    apply_router_weight_on_input: bool = False,
+    alpha: float = 1.702,
+    limit: float = 7.0,
+    hidden_size: Optional[int] = None,
+    intermediate_size: Optional[int] = None,
+    group_size: Optional[int] = None,
+) -> torch.Tensor:
+    """The MoE layer from the router's logits: the top-k routing and the experts in one op call
+    (torch.ops.w4a8moe.moe_routed; docs/pytorch.md, "Routing inside the op"). out [T, H] in
+    x's dtype.
+
+    router_logits [T, E] float32/bfloat16/float16, E the packed experts. Per token, in float32:
+    scores = softmax or sigmoid of the logits (scoring_func); the top_k experts by score plus
+    e_score_correction_bias [E] (which steers the choice only), from the best topk_group of
+    num_expert_group groups (a group scored by its best score, or with a correction bias by the
+    sum of its two best, as vLLM's grouped top-k); weights = the chosen scores, divided by their
+    sum if renormalize, times routed_scaling_factor. Ties go to the lowest expert index.
+    Mixtral, Qwen3-MoE: softmax, renormalize=True. DeepSeek-V3: sigmoid, the correction bias,
+    num_expert_group=8, topk_group=4, renormalize=True, routed_scaling_factor=2.5.
+    hidden_size, intermediate_size and group_size are read from the packed headers when
+    omitted (pass them when the packed tensors are meta or fake tensors).
+    """
+    if hidden_size is None or intermediate_size is None or group_size is None:
+        info = packed_info(w13_packed)
+        hidden_size = info.cols if hidden_size is None else hidden_size
+        intermediate_size = info.rows // 2 if intermediate_size is None else intermediate_size
+        group_size = info.group_size if group_size is None else group_size
+    return ops.moe_routed(
+        x, router_logits, w13_packed, w2_packed, hidden_size, intermediate_size, group_size,
+        apply_router_weight_on_input, activation_code(activation), alpha, limit, top_k,
+        scoring_func, renormalize, routed_scaling_factor, num_expert_group, topk_group,
+        e_score_correction_bias,
+    )

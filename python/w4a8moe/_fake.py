@@ -8,6 +8,8 @@ torch.library.register_fake also makes them the ops' Meta kernels. Torch 1.x use
 kernels of csrc/torch_ops.cpp instead, which check the same things with the same sentences.
 """
 
+import math
+
 import torch
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -102,6 +104,82 @@ def linear_fake(x, w_packed, out_features):
     return x.new_empty((*x.shape[:-1], out_features))
 
 
+def quantize_linear_int8_fake(weight):
+    if weight.dim() != 2:
+        _fail(f"weight: expected rank 2 [N, K], got shape {_shape(weight)}")
+    if weight.dtype not in _FLOATS:
+        _fail(f"weight: expected dtype float32, bfloat16 or float16, got {weight.dtype}")
+    return (weight.new_empty(weight.shape, dtype=torch.int8),
+            weight.new_empty((weight.shape[0],), dtype=torch.float32))
+
+
+def moe_routed_fake(x, router_logits, w13_packed, w2_packed, hidden_size, intermediate_size,
+                    group_size, apply_router_weight_on_input, activation_kind, alpha, limit,
+                    top_k, scoring_func, renormalize, routed_scaling_factor=1.0,
+                    num_expert_group=1, topk_group=1, e_score_correction_bias=None):
+    """moe_routed: the routing arguments checked against E, router_logits' columns (a fake
+    packed tensor has no header to read E from); the sentences of the C++ checks."""
+    if w13_packed.dtype != torch.uint8 or w2_packed.dtype != torch.uint8:
+        _fail("w13_packed, w2_packed: expected uint8 tensors of packed weights, got "
+              f"{w13_packed.dtype} and {w2_packed.dtype}")
+    if intermediate_size < 1:
+        _fail(f"intermediate_size: expected a positive value, got {intermediate_size}")
+    if not (group_size == -1 or (group_size > 0 and group_size % 32 == 0)):
+        _fail(f"group_size: expected -1 or a multiple of 32, got {group_size}")
+    if router_logits.dim() != 2:
+        _fail(f"router_logits: expected rank 2 [T, E], got shape {_shape(router_logits)}")
+    experts = router_logits.shape[1]
+    source = "the columns of router_logits"
+    if scoring_func not in ("softmax", "sigmoid"):
+        _fail(f"scoring_func: expected 'softmax' or 'sigmoid', got '{scoring_func}'")
+    if not 1 <= top_k <= experts:
+        _fail(f"top_k: expected 1 to {experts} ({source}), got {top_k}")
+    if not (math.isfinite(routed_scaling_factor)
+            and abs(routed_scaling_factor) <= torch.finfo(torch.float32).max):
+        _fail(f"routed_scaling_factor: expected a finite float32, got {routed_scaling_factor}")
+    if num_expert_group < 1 or experts % num_expert_group != 0:
+        _fail(f"num_expert_group: expected a divisor of {experts} ({source}), got "
+              f"{num_expert_group}")
+    if not 1 <= topk_group <= num_expert_group:
+        _fail(f"topk_group: expected 1 to {num_expert_group} (num_expert_group), got {topk_group}")
+    per_group = experts // num_expert_group
+    if topk_group * per_group < top_k:
+        _fail(f"topk_group: expected at least {-(-top_k // per_group)} groups of {per_group} "
+              f"experts, to hold top_k = {top_k} experts, got {topk_group}")
+    has_bias = e_score_correction_bias is not None
+    if has_bias and num_expert_group > 1 and per_group < 2:
+        _fail("num_expert_group: expected groups of 2 experts or more (with "
+              "e_score_correction_bias a group scores the sum of its two best), got "
+              f"{num_expert_group} groups of {per_group}")
+    if x.dim() != 2:
+        _fail(f"x: expected rank 2 [T, H], got shape {_shape(x)}")
+    if x.shape[1] != hidden_size:
+        _fail(f"x: expected {hidden_size} columns (hidden_size), got shape {_shape(x)}")
+    if x.dtype not in _FLOATS:
+        _fail(f"x: expected dtype float32, bfloat16 or float16, got {x.dtype}")
+    tokens = x.shape[0]
+    _check(router_logits.shape[0] == tokens,
+           lambda: f"router_logits: expected shape [{tokens}, {experts}] (T from x, E {source}), "
+                   f"got {_shape(router_logits)}")
+    if router_logits.dtype not in _FLOATS:
+        _fail(f"router_logits: expected dtype float32, bfloat16 or float16, got "
+              f"{router_logits.dtype}")
+    if has_bias:
+        if e_score_correction_bias.dim() != 1 or e_score_correction_bias.shape[0] != experts:
+            _fail(f"e_score_correction_bias: expected shape [{experts}] ({source}), got "
+                  f"{_shape(e_score_correction_bias)}")
+        if e_score_correction_bias.dtype not in _FLOATS:
+            _fail("e_score_correction_bias: expected dtype float32, bfloat16 or float16, got "
+                  f"{e_score_correction_bias.dtype}")
+    if not 0 <= activation_kind <= 4:
+        _fail("activation: expected a code in [0, 4] (0 swiglustep, 1 swigluoai, 2 silu, "
+              f"3 gelu, 4 gelu_tanh), got {activation_kind}")
+    if not math.isfinite(alpha):
+        _fail(f"alpha: expected a finite value, got {alpha}")
+    if not limit > 0.0:
+        _fail(f"limit: expected a positive value, got {limit}")
+    return x.new_empty((tokens, hidden_size))
+
 def register() -> bool:
     """Registers the shape functions where the torch version takes them from Python (2.x);
     returns whether it did."""
@@ -114,4 +192,6 @@ def register() -> bool:
     register_fake("w4a8moe::dynamic_4bit_int_moe_ex")(moe_ex_fake)
     register_fake("w4a8moe::forward_local")(forward_local_fake)
     register_fake("w4a8moe::linear")(linear_fake)
+    register_fake("w4a8moe::quantize_linear_int8")(quantize_linear_int8_fake)
+    register_fake("w4a8moe::moe_routed")(moe_routed_fake)
     return True

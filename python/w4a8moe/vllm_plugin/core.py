@@ -9,7 +9,7 @@ methods and call into this module; docs/vllm.md describes what each takes.
 
 import enum
 import os
-from typing import Iterable, Optional, Tuple
+from typing import Iterable, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -190,6 +190,48 @@ def parallel_check(parallel) -> Tuple[bool, Optional[str]]:
     return True, None
 
 
+class Routing(NamedTuple):
+    """A layer's routing as vLLM's MoE layer holds it (its scoring_func, renormalize and
+    use_grouped_topk); the experts call receives the rest (groups, correction bias, scaling)."""
+
+    scoring_func: str
+    renormalize: bool
+    grouped: bool
+
+
+def routing_of(layer) -> Optional[Routing]:
+    """The layer's Routing, or None when the layer does not say (then the experts class derives
+    it from the FusedMoEConfig as before: softmax, renormalize from the routing method)."""
+    if not all(hasattr(layer, a) for a in ("scoring_func", "renormalize", "use_grouped_topk")):
+        return None
+    return Routing(str(layer.scoring_func), bool(layer.renormalize), bool(layer.use_grouped_topk))
+
+
+def op_routing(routing: Routing, num_expert_group, topk_group, e_score_correction_bias,
+               routed_scaling_factor: float):
+    """The routing arguments of w4a8moe's moe_routed for a layer (scoring_func, renormalize,
+    routed_scaling_factor, num_expert_group, topk_group, e_score_correction_bias), or None where
+    the op does not express it (another scoring function, grouping without its sizes). The
+    caller has already sent custom routing functions and expert parallelism elsewhere.
+
+    Grouped (use_grouped_topk): vLLM's CPU router's grouped top-k, with every argument.
+    Ungrouped softmax without a correction bias: its plain top-k, which applies no scaling
+    factor (nor does vLLM's FusedTopKRouter elsewhere). Ungrouped layers with a correction bias
+    or sigmoid scores, which vLLM's CPU router does not route (it drops the bias, refuses
+    sigmoid): as vLLM's FusedTopKBiasRouter and FusedTopKRouter compute them (the bias for the
+    choice, the scaling factor with the bias only)."""
+    if routing.scoring_func not in ("softmax", "sigmoid"):
+        return None
+    bias = e_score_correction_bias
+    if routing.grouped:
+        if num_expert_group is None or topk_group is None:
+            return None
+        return (routing.scoring_func, routing.renormalize, float(routed_scaling_factor),
+                int(num_expert_group), int(topk_group), bias)
+    scaling = float(routed_scaling_factor) if bias is not None else 1.0
+    return (routing.scoring_func, routing.renormalize, scaling, 1, 1, bias)
+
+
 def _make_experts_class():
     import vllm.model_executor.layers.fused_moe.modular_kernel as mk
     from vllm.model_executor.layers.fused_moe.config import RoutingMethodType
@@ -200,13 +242,17 @@ def _make_experts_class():
 
     class W4A8MoeExperts(CPUExpertsInt4):
         """vLLM's monolithic CPU experts contract (router logits in), run by w4a8moe on any
-        CPU. install_layer() makes a subclass per layer that sets the two attributes below."""
+        CPU. install_layer() makes a subclass per layer that sets the attributes below."""
 
         # the packed layer's group size (-1: one scale per row)
         group_size = None
         # The layer's custom_routing_function (Llama 4: sigmoid of the top-1 logit): the
         # monolithic call does not pass it, and FusedMoEConfig.routing_method says Default.
         routing_function = None
+        # The layer's Routing (routing_of): the monolithic call passes neither the scoring
+        # function nor whether the layer groups its experts (it passes num_expert_group even
+        # when the layer does not group), and FusedMoEConfig.routing_method says neither.
+        routing = None
 
         @staticmethod
         def is_supported_config(cls, moe_config, weight_key, activation_key, activation_format):
@@ -237,24 +283,13 @@ def _make_experts_class():
                   num_expert_group=None, e_score_correction_bias=None,
                   routed_scaling_factor=None, topk_group=None, routing_replay_out=None,
                   routing_sink=None):
-            from vllm.model_executor.layers.fused_moe.router.cpu_router import select_experts
-
             config = self.moe_config
-            topk_weights, topk_ids = select_experts(
-                custom_routing_function=type(self).routing_function,
-                hidden_states=hidden_states,
-                router_logits=router_logits,
-                use_grouped_topk=num_expert_group is not None,
-                top_k=config.experts_per_token,
-                renormalize=config.routing_method in (RoutingMethodType.Renormalize,
-                                                      RoutingMethodType.RenormalizeNaive),
-                topk_group=topk_group,
-                num_expert_group=num_expert_group,
-                scoring_func="softmax",
-                routed_scaling_factor=(1.0 if routed_scaling_factor is None
-                                       else routed_scaling_factor),
-                e_score_correction_bias=e_score_correction_bias,
-            )
+            routing = type(self).routing or Routing(
+                "softmax",
+                config.routing_method in (RoutingMethodType.Renormalize,
+                                          RoutingMethodType.RenormalizeNaive),
+                num_expert_group is not None)
+            scaling = 1.0 if routed_scaling_factor is None else routed_scaling_factor
             name = getattr(activation, "value", activation)
             alpha = config.swiglu_alpha if config.swiglu_alpha is not None else 1.702
             limit = config.swiglu_limit if config.swiglu_limit is not None else 7.0
@@ -263,6 +298,34 @@ def _make_experts_class():
                       f"{int(bool(apply_router_weight_on_input))}"
                       f"{'' if expert_map is None else ' local'}")
             code = w4a8moe.activation_code(ACTIVATIONS[name][0])
+            sizes = (config.hidden_dim, config.intermediate_size_per_partition,
+                     int(type(self).group_size))
+            fused = None
+            if type(self).routing_function is None and expert_map is None:
+                fused = op_routing(routing, num_expert_group, topk_group,
+                                   e_score_correction_bias, scaling)
+            if fused is not None:
+                # the router's top-k inside the op: one call for the layer
+                return w4a8moe.ops.moe_routed(
+                    hidden_states, router_logits, w1, w2, *sizes,
+                    bool(apply_router_weight_on_input), code, float(alpha), float(limit),
+                    config.experts_per_token, *fused)
+
+            from vllm.model_executor.layers.fused_moe.router.cpu_router import select_experts
+
+            topk_weights, topk_ids = select_experts(
+                custom_routing_function=type(self).routing_function,
+                hidden_states=hidden_states,
+                router_logits=router_logits,
+                use_grouped_topk=routing.grouped,
+                top_k=config.experts_per_token,
+                renormalize=routing.renormalize,
+                topk_group=topk_group,
+                num_expert_group=num_expert_group,
+                scoring_func=routing.scoring_func,
+                routed_scaling_factor=scaling,
+                e_score_correction_bias=e_score_correction_bias,
+            )
             if expert_map is not None:
                 # expert parallelism: topk_ids name global experts; the slots whose expert is
                 # on another rank add nothing here (vLLM's all-reduce adds the ranks' shares)
@@ -270,8 +333,7 @@ def _make_experts_class():
                     hidden_states, topk_ids, topk_weights, w1, w2, expert_map.to(torch.int32),
                     bool(apply_router_weight_on_input), code, float(alpha), float(limit), False)
             return w4a8moe.ops.dynamic_4bit_int_moe_ex(
-                hidden_states, topk_ids, topk_weights, w1, w2, config.hidden_dim,
-                config.intermediate_size_per_partition, int(type(self).group_size),
+                hidden_states, topk_ids, topk_weights, w1, w2, *sizes,
                 bool(apply_router_weight_on_input), code, float(alpha), float(limit))
 
     return W4A8MoeExperts
@@ -335,9 +397,10 @@ def install_layer(method, layer, w13_packed, w2_packed, group: int, free: Iterab
           f"{w13_packed.numel() + w2_packed.numel()} tp{parallel.tp_rank}/{parallel.tp_size} "
           f"ep{parallel.ep_rank}/{parallel.ep_size}")
     attrs = {"group_size": group}
-    routing = getattr(layer, "custom_routing_function", None)
-    if routing is not None:
-        attrs["routing_function"] = staticmethod(routing)
+    function = getattr(layer, "custom_routing_function", None)
+    if function is not None:
+        attrs["routing_function"] = staticmethod(function)
+    attrs["routing"] = routing_of(layer)
     base = experts_class()
     experts_cls = type(base.__name__, (base,), attrs)
     prepare_finalize = maybe_make_prepare_finalize(
