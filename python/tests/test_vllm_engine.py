@@ -38,10 +38,11 @@ VOCAB = 256
 INT8_ACTIVATIONS = 0.025
 
 
-def run_vllm(folder, tmp_path, env=None, tp=1, ep=False):
+def run_vllm(folder, tmp_path, env=None, tp=1, ep=False, compiled=False):
     """(result, trace lines, log) of vllm_run.py on `folder`; tp > 1: vLLM's tensor parallelism
-    over tp worker processes, one core each (ep: its expert parallelism over them)."""
-    label = f"{os.path.basename(folder)}-tp{tp}{'-ep' if ep else ''}"
+    over tp worker processes, one core each (ep: its expert parallelism over them); compiled:
+    vLLM's default torch.compile mode, else enforce_eager."""
+    label = f"{os.path.basename(folder)}-tp{tp}{'-ep' if ep else ''}{'-c' if compiled else ''}"
     trace = tmp_path / f"trace-{label}.txt"
     full_env = dict(os.environ, W4A8MOE_VLLM_TRACE=str(trace), **(env or {}))
     if tp > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in (env or {}):
@@ -51,7 +52,7 @@ def run_vllm(folder, tmp_path, env=None, tp=1, ep=False):
     proc = subprocess.run(
         [sys.executable, os.path.join(HERE, "vllm_run.py"), str(folder), "--prompt",
          ",".join(map(str, PROMPT)), "--tokens", "4", "--vocab", str(VOCAB), "--tp", str(tp)]
-        + (["--ep"] if ep else []),
+        + (["--ep"] if ep else []) + (["--compiled"] if compiled else []),
         capture_output=True, text=True, env=full_env, timeout=600)
     assert proc.returncode == 0, \
         f"vllm_run.py exited with {proc.returncode}:\n{proc.stderr[-4000:]}"

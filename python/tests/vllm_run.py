@@ -8,7 +8,8 @@ or {"error": "<type>: <message>"} when vLLM refuses the checkpoint.
     python vllm_run.py FOLDER --prompt 1,2,3 --tokens 4 [--vocab 256] [--tp 2 [--ep]]
 
 --tp N runs vLLM's tensor parallelism over N worker processes (one core each:
-VLLM_CPU_OMP_THREADS_BIND, set by the caller), --ep its expert parallelism over them.
+VLLM_CPU_OMP_THREADS_BIND, set by the caller), --ep its expert parallelism over them; --compiled
+runs vLLM's default mode (torch.compile) rather than enforce_eager.
 
 W4A8MOE_TEST_VLLM_AVX2=1 runs vLLM as it runs on an x86 CPU without AVX-512 (on any host).
 """
@@ -28,6 +29,8 @@ def main():
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--ep", action="store_true")
+    parser.add_argument("--compiled", action="store_true",
+                        help="vLLM's default mode (torch.compile) instead of enforce_eager")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -41,7 +44,8 @@ def main():
     try:
         from vllm import LLM, SamplingParams
 
-        llm = LLM(model=args.folder, dtype=args.dtype, enforce_eager=True, max_model_len=128,
+        llm = LLM(model=args.folder, dtype=args.dtype, enforce_eager=not args.compiled,
+                  max_model_len=128,
                   max_num_seqs=4, max_logprobs=args.vocab, skip_tokenizer_init=True, seed=0,
                   tensor_parallel_size=args.tp, enable_expert_parallel=args.ep)
         params = SamplingParams(max_tokens=args.tokens, temperature=0.0, logprobs=args.vocab,

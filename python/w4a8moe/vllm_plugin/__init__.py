@@ -11,6 +11,8 @@ experts kernel of a MoE layer, one module per vLLM method family, around a share
   mxfp4  gpt-oss MXFP4 (likewise)
   dense  the dense int4 linear layers of GPTQ, AWQ and W4A16 checkpoints (attention, shared
          experts), where vLLM has no kernel for them: x86 without AVX-512 (likewise)
+  dense_int8  on request (W4A8MOE_VLLM_QUANTIZE_DENSE=int8), the bfloat16 dense layers and the
+         LM head quantized at load to int8 per output channel (W8A8; routers stay bfloat16)
 
 For each layer: its configuration is offered to w4a8moe first; when w4a8moe takes it, vLLM's
 log says so, and when w4a8moe refuses, the log gives the reason and vLLM's own selection runs
@@ -25,6 +27,8 @@ Settings (environment variables, read in each vLLM process):
                         w4a8moe takes; the others are left to vLLM.
   W4A8MOE_VLLM_DENSE    "auto" (default): the dense int4 layers where vLLM's own CPU kernel is
                         missing; "on": every dense int4 layer; "off": none.
+  W4A8MOE_VLLM_QUANTIZE_DENSE  "off" (default) or "int8": the bfloat16 dense layers and the LM
+                        head through w4a8moe in int8 (module dense_int8).
   W4A8MOE_VLLM_TRACE    a file path: each process appends one line per layer packed
                         ("pack <H> <I> <E> <group> <activation> <kernel set> <weight format>
                         <packed bytes> tp<rank>/<size> ep<rank>/<size>", I and E this rank's)
@@ -74,11 +78,13 @@ def _install(wanted) -> None:
     with _install_lock:
         if _installed:
             return
-        from . import dense, mxfp4, w4a8, wna16
+        from . import dense, dense_int8, mxfp4, w4a8, wna16
 
         for name, module in (("w4a8", w4a8), ("wna16", wna16), ("mxfp4", mxfp4)):
             if name in wanted:
                 module.install()
         if dense.mode() != "off":
             dense.install()
+        if dense_int8.mode() != "off":
+            dense_int8.install()
         _installed = True
