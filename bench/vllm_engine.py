@@ -9,7 +9,8 @@ and vocabulary (bench/llama_cpp.py), in the same run:
   --shape qwen3-30b-a3b  rows gptq (GPTQ int4 g128, experts and attention, as GPTQModel and
                          AutoRound ship it; the attention on vLLM's own int4 kernel where it has
                          one), gptq-dense (the attention through w4a8moe: W4A8MOE_VLLM_DENSE=on),
-                         gptq-int8 (the LM head in int8: W4A8MOE_VLLM_QUANTIZE_DENSE=int8), w4a8
+                         gptq-int8 (the LM head in int8: W4A8MOE_VLLM_QUANTIZE_DENSE=int8),
+                         gptq-dense-int8 (both), w4a8
                          (compressed-tensors W4A8), w4a16, bf16, and the "-vllm" rows of the same
                          files on vLLM's own path; llama.cpp (Q4_0)
   --shape gpt-oss-20b    rows mxfp4 (OpenAI's layout, bfloat16 attention), mxfp4-int8 (attention
@@ -58,6 +59,8 @@ _QWEN3 = [("gptq", "GPTQ int4 g{g}, attention int4", "gptq", OURS, "w4a8moe"),
            {"W4A8MOE_VLLM_DENSE": "on"}, "w4a8moe"),
           ("gptq-int8", "GPTQ int4 g{g}, attention int4, LM head int8", "gptq", INT8,
            "w4a8moe"),
+          ("gptq-dense-int8", "GPTQ int4 g{g}, attention int4, LM head int8", "gptq",
+           {**INT8, "W4A8MOE_VLLM_DENSE": "on"}, "w4a8moe"),
           ("gptq-vllm", "GPTQ int4 g{g}, attention int4", "gptq", THEIRS, "vLLM's own"),
           ("w4a8", "W4A8 int4 g{g}", "w4a8", OURS, "w4a8moe"),
           ("w4a16", "W4A16 int4 g{g}", "w4a16", OURS, "w4a8moe"),

@@ -37,7 +37,8 @@ import time
 SCOPES = {"bench::lm_head": "LM head", "bench::sampler": "sampler"}
 # (part, substrings of the profiler's op name), first match wins, for ops outside SCOPES
 PARTS = [
-    ("MoE", ("w4a8moe::dynamic_4bit_int_moe", "w4a8moe::forward_local", "fused_moe",
+    ("MoE", ("w4a8moe::moe_routed", "w4a8moe::dynamic_4bit_int_moe", "w4a8moe::forward_local",
+             "fused_moe",
              "cpu_fused_moe", "experts")),
     ("dense", ("w4a8moe::linear", "onednn_mm", "cpu_gemm_wna16", "weight_packed_linear",
                "aten::linear", "aten::addmm", "aten::mm", "aten::matmul", "zentorch_linear")),
