@@ -6,7 +6,9 @@ vLLM's CPU kernel for these layers (CPUWNA16LinearKernel, op cpu_gemm_wna16) is 
 its AVX-512 extension only: on x86 without AVX-512 vLLM loads its AVX2 extension, and a model
 with int4 dense layers stops at its first forward. This module puts a kernel of its own first in
 vLLM's list of CPU mixed-precision linear kernels (choose_mp_linear_kernel): it takes a layer
-where vLLM's own kernel is missing (W4A8MOE_VLLM_DENSE=auto, the default), on every layer
+where vLLM's own kernel is missing or where it is slower (W4A8MOE_VLLM_DENSE=auto, the
+default: every CPU but those with AMX, where vLLM's kernel was not measured against it; on AVX-512
+without AMX w4a8moe's was faster at 1 to 2048 tokens, docs/whole-model.md), on every layer
 (=on: the tests use it on any CPU), or never (=off). Like the MoE families it is a W4A8
 computation of a W4A16 checkpoint: the weights exactly as the file holds them (int4 values, zero
 points, float32 scales), each row of x quantized per row to int8.
@@ -42,6 +44,13 @@ def vllm_has_dense_kernel() -> bool:
     return hasattr(torch.ops._C, "cpu_gemm_wna16")
 
 
+def cpu_has_amx() -> bool:
+    """Whether w4a8moe found AMX tiles on this CPU (its amx kernel set)."""
+    import w4a8moe
+
+    return "amx" in w4a8moe.available_kernel_sets()
+
+
 def _make_kernel_class():
     from vllm.model_executor.kernels.linear.mixed_precision.MPLinearKernel import MPLinearKernel
     from vllm.scalar_type import scalar_types
@@ -72,9 +81,9 @@ def _make_kernel_class():
             how = mode()
             if how == "off":
                 return False, "W4A8MOE_VLLM_DENSE=off"
-            if how == "auto" and vllm_has_dense_kernel():
-                return False, ("vLLM's own CPU kernel cpu_gemm_wna16 is present; "
-                               "W4A8MOE_VLLM_DENSE=on gives these layers to w4a8moe")
+            if how == "auto" and vllm_has_dense_kernel() and cpu_has_amx():
+                return False, ("vLLM's own CPU kernel cpu_gemm_wna16 is present and the CPU "
+                               "has AMX; W4A8MOE_VLLM_DENSE=on gives these layers to w4a8moe")
             if c.weight_type not in (scalar_types.uint4b8, scalar_types.uint4):
                 return False, f"weight type {c.weight_type} (w4a8moe: int4)"
             if c.zero_points != (c.weight_type == scalar_types.uint4):
