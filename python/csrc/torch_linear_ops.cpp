@@ -48,11 +48,14 @@ using util::with_format_of;
 
 // weight [N, K] int8 or [N, K/2] uint8: returns (N, K).
 std::pair<int64_t, int64_t> linear_shape(const Tensor& weight) {
-  TORCH_CHECK(weight.dim() == 2, "weight: expected rank 2 [N, K] (or [N, K/2] nibble-packed), got "
-              "shape ", weight.sizes());
+  TORCH_CHECK(weight.dim() == 2,
+              "weight: expected rank 2 [N, K] (or [N, K/2] nibble-packed), got "
+              "shape ",
+              weight.sizes());
   TORCH_CHECK(weight.scalar_type() == at::kChar || weight.scalar_type() == at::kByte,
               "weight: expected dtype int8 (int4 values) or uint8 (nibble-packed, or mxfp4 "
-              "codes), got ", weight.scalar_type());
+              "codes), got ",
+              weight.scalar_type());
   return {weight.size(0), weight.size(1) * (weight.scalar_type() == at::kByte ? 2 : 1)};
 }
 
@@ -138,10 +141,10 @@ Tensor pack_linear_int8_meta(const Tensor& weight, const Tensor& weight_scale,
                              const c10::optional<Tensor>& bias, std::string kernel_set) {
   return translate_errors([&] {
     const auto [rows, cols] = int8_shape(weight);
-    const size_t bytes = w4a8moe::packed_size(
-        w4a8moe::WeightRole::w2, 1, rows, cols,
-        to_dtype(weight_scale.scalar_type(), "weight_scale"), bias.has_value() && bias->defined(),
-        int8_options(kernel_set), "weight");
+    const size_t bytes = w4a8moe::packed_size(w4a8moe::WeightRole::w2, 1, rows, cols,
+                                              to_dtype(weight_scale.scalar_type(), "weight_scale"),
+                                              bias.has_value() && bias->defined(),
+                                              int8_options(kernel_set), "weight");
     return at::empty({static_cast<int64_t>(bytes)}, weight.options().dtype(at::kByte));
   });
 }
@@ -211,8 +214,7 @@ Tensor linear_cpu(const Tensor& x_in, const Tensor& w_packed, int64_t out_featur
     const w4a8moe::TensorView xv = view_of(x, "x", /*rows_strided=*/true);
     const auto ov =
         w4a8moe::MutableTensorView::of(out.data_ptr(), xv.dtype, {tokens, out_features});
-    threads::with_context(
-        [&](w4a8moe::Context& context) { w4a8moe::linear(context, xv, w, ov); });
+    threads::with_context([&](w4a8moe::Context& context) { w4a8moe::linear(context, xv, w, ov); });
     return out;
   });
 }

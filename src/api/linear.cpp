@@ -37,15 +37,16 @@ int64_t slice_rows(int64_t rows, int threads) {
 
 void check_linear(const TensorView& x, const Geometry& g, const MutableTensorView& out) {
   if (g.role != WeightRole::w2 || g.experts != 1)
-    throw Error(cat("w_packed: expected a linear layer's weights (pack_linear: one expert of "
-                    "role w2), got ",
-                    g.experts, " expert(s) of role ", g.role == WeightRole::w13 ? "w13" : "w2"));
+    throw Error(
+        cat("w_packed: expected a linear layer's weights (pack_linear: one expert of "
+            "role w2), got ",
+            g.experts, " expert(s) of role ", g.role == WeightRole::w13 ? "w13" : "w2"));
   require_float(x.dtype, "x");
   if (x.rank != 2) throw Error(cat("x: expected rank 2 [T, K], got shape ", shape_of(x)));
   const int64_t x_cols = g.layer_cols();
   if (x.shape[0] < 0 || x.shape[1] != x_cols)
-    throw Error(cat("x: expected shape [T, ", x_cols, "] (K of w_packed), got shape ",
-                    shape_of(x)));
+    throw Error(
+        cat("x: expected shape [T, ", x_cols, "] (K of w_packed), got shape ", shape_of(x)));
   if (x.row_stride != 0 && x.row_stride < x.shape[1])
     throw Error(cat("x: expected a row stride >= ", x.shape[1], ", got ", x.row_stride));
   const int64_t tokens = x.shape[0];
@@ -191,7 +192,9 @@ void linear(Context& context, const TensorView& x, std::span<const uint8_t> w_pa
                           (set.group_terms ? static_cast<size_t>(g.groups) * 4 : 0));
   // per thread: the GEMM's tile (tile_m rows of a slice), or an f32 row of x to quantize
   j.thread_floats = align64(std::max(static_cast<size_t>(set.tile_m * j.slice),
-                                     static_cast<size_t>(g.cols_padded)) * 4) / 4;
+                                     static_cast<size_t>(g.cols_padded)) *
+                            4) /
+                    4;
   const size_t per_token = j.qrow_stride + align64(sizeof(QuantRow));
   const size_t fixed = static_cast<size_t>(threads) * j.thread_floats * 4;
   const auto need = [&](int64_t chunk) {

@@ -264,14 +264,13 @@ struct TensorNames {
 };
 
 TensorNames names_of(WeightRole role) {
-  return role == WeightRole::w13
-             ? TensorNames{"w13", "w13_scale", "w13_zero_point", "w13_bias"}
-             : TensorNames{"w2", "w2_scale", "w2_zero_point", "w2_bias"};
+  return role == WeightRole::w13 ? TensorNames{"w13", "w13_scale", "w13_zero_point", "w13_bias"}
+                                 : TensorNames{"w2", "w2_scale", "w2_zero_point", "w2_bias"};
 }
 
 PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale,
-                   const TensorView& zero_point, const TensorView& bias,
-                   const PackOptions& options, const TensorNames& names) {
+                   const TensorView& zero_point, const TensorView& bias, const PackOptions& options,
+                   const TensorNames& names) {
   const bool is_w13 = role == WeightRole::w13;
   const std::string_view w_name = names.w;
   PackJob job{&w, &scale, &zero_point, &bias, &options.input_order, {}, {}, false, w_name};
@@ -414,8 +413,9 @@ PackedWeights pack_linear(const TensorView& w, const TensorView& scale,
   if (!options.input_order.empty())
     throw Error("PackOptions::input_order: expected none for a linear layer's weights, got one");
   if (options.gate_up_layout != GateUpLayout::halves)
-    throw Error("PackOptions::gate_up_layout: expected halves (the default) for a linear layer's "
-                "weights, got interleaved");
+    throw Error(
+        "PackOptions::gate_up_layout: expected halves (the default) for a linear layer's "
+        "weights, got interleaved");
   detail::require_data(w.data, "w");
   if (w.rank != 2)
     throw Error(detail::cat("w: expected rank 2 [N, K] (or [N, K/2] nibble-packed), got shape ",
