@@ -25,8 +25,8 @@ pytest.importorskip("compressed_tensors", reason="compressed-tensors missing")
 
 import vllm_int4_models  # noqa: E402
 import vllm_models  # noqa: E402
-from test_vllm_engine import (INT8_ACTIVATIONS, PROMPT, centred, relative_rms,  # noqa: E402
-                              run_vllm)
+from test_vllm_engine import (INT8_ACTIVATIONS, PROMPT, centred, check_forwards,  # noqa: E402
+                              ops_lines, relative_rms, run_vllm)
 from test_vllm_formats import serve  # noqa: E402
 _made = {}
 
@@ -43,7 +43,7 @@ def checkpoint(tmp_path_factory, symmetric):
             float_folder=str(root / "dense"))
         floor, floor_trace, _ = run_vllm(root / "dense", root)
         assert "error" not in floor, floor["error"]
-        assert not floor_trace
+        assert not ops_lines(floor_trace)
         reference = centred(torch.log_softmax(vllm_models.reference_logits(model, PROMPT), -1))
         _made[key] = dict(root=root, reference=reference, floor=relative_rms(
             centred(floor["logprobs"]), reference).median().item())
@@ -73,8 +73,9 @@ def check_runs_whole(result, trace, log, made, fmt_word, compiled=False):
     # Eager, each call leaves a line; a compiled graph runs the ops without the Python around
     # them (no trace), and vLLM's own tensors of those layers are freed once packed, so only
     # w4a8moe's ops can have computed them.
-    if not compiled:
-        assert sum(1 for w in words if w[0] == "linear_forward") >= 4 * 4, "linear calls"
+    linear_calls = sum(1 for w in words if w[0] == "linear_forward")
+    assert linear_calls == 0 if compiled else linear_calls >= 4 * 4, f"{linear_calls} linear calls"
+    check_forwards([w for w in words if w[0] == "forward"], log, compiled)
     assert "W4A16 int4 linear" in log and "runs through w4a8moe" in log
     ours = relative_rms(centred(result["logprobs"]), made["reference"])
     bound = made["floor"] + INT8_ACTIVATIONS

@@ -63,6 +63,23 @@ def run_vllm(folder, tmp_path, env=None, tp=1, ep=False, compiled=False):
     return result, lines, proc.stdout + proc.stderr  # vLLM logs to stdout
 
 
+def check_forwards(forwards, log, compiled):
+    """Eager, each MoE call leaves a trace line (prefill and decode steps of both layers).
+    Compiled, none may: the plugin writes no line while torch.compile traces it, so a line would
+    be its Python run per call (a graph break); the graph calls the op alone."""
+    if compiled:
+        assert "enforce_eager=False" in log
+        assert not forwards, f"the plugin's Python ran per call in a compiled engine: {forwards}"
+    else:
+        assert len(forwards) >= 2 * 4, forwards
+
+
+def ops_lines(trace):
+    """The trace's lines of w4a8moe's own layers (not the vocabulary tables, which the plugin
+    holds once in every model, unquantized ones included)."""
+    return [line for line in trace if line.split()[1] != "vocab"]
+
+
 def centred(logprobs):
     """[positions, V] log-probabilities less each position's mean."""
     t = torch.as_tensor(logprobs, dtype=torch.float64)
@@ -87,19 +104,21 @@ def swap_gate_up(model, layer):
 
 
 CASES = [
-    # (family, strategy, group size, format); Llama 4: top-1, the router weight on the input
-    ("qwen3_moe", "group", 32, "int-quantized"),
-    ("qwen3_moe", "channel", None, "int-quantized"),
-    ("mixtral", "group", 64, "int-quantized"),
-    ("llama4", "group", 32, "int-quantized"),
-    ("qwen3_moe", "group", 128, "pack-quantized"),
+    # (family, strategy, group size, format, vLLM's modes: eager, compiled (torch.compile, its
+    # default)); Llama 4: top-1, the router weight on the input. Each family runs both ways.
+    ("qwen3_moe", "group", 32, "int-quantized", (False,)),
+    ("qwen3_moe", "channel", None, "int-quantized", (False,)),
+    ("mixtral", "group", 64, "int-quantized", (False, True)),
+    ("llama4", "group", 32, "int-quantized", (False, True)),
+    ("qwen3_moe", "group", 128, "pack-quantized", (True,)),
 ]
 
 
-@pytest.mark.parametrize("family,strategy,group_size,fmt", CASES,
+@pytest.mark.parametrize("family,strategy,group_size,fmt,modes", CASES,
                          ids=[f"{f}-{s if g is None else f'g{g}'}-{m.split('-')[0]}"
-                              for f, s, g, m in CASES])
-def test_engine_runs_w4a8_moe_through_w4a8moe(family, strategy, group_size, fmt, tmp_path):
+                              for f, s, g, m, _ in CASES])
+def test_engine_runs_w4a8_moe_through_w4a8moe(family, strategy, group_size, fmt, modes,
+                                              tmp_path):
     folder, dense = tmp_path / "w4a8", tmp_path / "dense"
     model = vllm_models.make_checkpoint(str(folder), family, strategy=strategy,
                                         group_size=group_size, fmt=fmt, float_folder=str(dense))
@@ -108,41 +127,49 @@ def test_engine_runs_w4a8_moe_through_w4a8moe(family, strategy, group_size, fmt,
     weights = config["config_groups"]["group_0"]["weights"]
     assert (weights["num_bits"], weights["strategy"]) == (4, strategy)
 
-    result, trace, log = run_vllm(folder, tmp_path)
-    assert "error" not in result, result["error"]
-    packs = [line.split()[1:] for line in trace if line.split()[1] == "pack"]
-    forwards = [line for line in trace if line.split()[1] == "forward"]
-    g = -1 if group_size is None else group_size
-    assert len(packs) == 2, trace  # both MoE layers
-    assert all(p[1:5] == ["256", "128", "8", str(g)] and p[5] == "silu" for p in packs), packs
-    assert len(forwards) >= 2 * 4, trace  # prefill and decode steps of both layers
-    on_input = "1" if family == "llama4" else "0"
-    assert all(line.split()[3] == on_input for line in forwards), forwards
-    assert "runs through w4a8moe" in log
-    assert "No W4A8 Int8 MoE backend" not in log and "refused by w4a8moe" not in log
-
     floor_result, floor_trace, _ = run_vllm(dense, tmp_path)
     assert "error" not in floor_result, floor_result["error"]
-    assert not floor_trace  # the unquantized model never reaches w4a8moe
+    assert not ops_lines(floor_trace)  # the unquantized model never reaches w4a8moe
 
     def reference_of(m):
         # positions 1 .. n-1 of the prompt and the first generated token
         return centred(torch.log_softmax(vllm_models.reference_logits(m, PROMPT), -1))
 
-    reference = reference_of(model)
-    ours = relative_rms(centred(result["logprobs"]), reference)
+    reference, swapped = reference_of(model), reference_of(swap_gate_up(model, 1))
     floor = relative_rms(centred(floor_result["logprobs"]), reference).median().item()
     bound = floor + INT8_ACTIVATIONS
-    wrong = relative_rms(centred(result["logprobs"]), reference_of(swap_gate_up(model, 1)))
-    print(f"{family} {strategy} g{g} {fmt}: w4a8moe median {ours.median().item():.4f} (max "
-          f"{ours.max().item():.4f}), bf16 floor {floor:.4f}, bound {bound:.4f}, against the "
-          f"swapped reference {wrong.median().item():.4f}")
-    assert ours.shape[0] == len(PROMPT)
-    assert ours.median().item() < bound, f"w4a8moe in vLLM, per position: {ours.tolist()}"
-    above = int((ours > bound).sum())
-    assert above <= len(PROMPT) // 4, f"{above} positions above {bound:.4f}: {ours.tolist()}"
-    assert wrong.median().item() > 4 * bound
-    assert len(result["tokens"]) == 4
+    g = -1 if group_size is None else group_size
+    for compiled in modes:
+        result, trace, log = run_vllm(folder, tmp_path, compiled=compiled)
+        assert "error" not in result, result["error"]
+        packs = [line.split()[1:] for line in trace if line.split()[1] == "pack"]
+        forwards = [line for line in trace if line.split()[1] == "forward"]
+        assert len(packs) == 2, trace  # both MoE layers
+        assert all(p[1:5] == ["256", "128", "8", str(g)] and p[5] == "silu"
+                   for p in packs), packs
+        check_forwards(forwards, log, compiled)
+        # the vocabulary tables held once: the embedding's GEMM copy deferred to a first call
+        # (none comes), the LM head's table dropped for its GEMM's copy (logits still right)
+        vocab = [line.split()[2:] for line in trace if line.split()[1] == "vocab"]
+        assert sorted(vocab) == [["embedding", str(VOCAB), "256", "lazy"],
+                                 ["head", str(VOCAB), "256", "dropped"]], vocab
+        on_input = "1" if family == "llama4" else "0"
+        assert all(line.split()[3] == on_input for line in forwards), forwards
+        assert "runs through w4a8moe" in log
+        assert "No W4A8 Int8 MoE backend" not in log and "refused by w4a8moe" not in log
+
+        ours = relative_rms(centred(result["logprobs"]), reference)
+        wrong = relative_rms(centred(result["logprobs"]), swapped)
+        print(f"{family} {strategy} g{g} {fmt} {'compiled' if compiled else 'eager'}: w4a8moe "
+              f"median {ours.median().item():.4f} (max {ours.max().item():.4f}), bf16 floor "
+              f"{floor:.4f}, bound {bound:.4f}, against the swapped reference "
+              f"{wrong.median().item():.4f}")
+        assert ours.shape[0] == len(PROMPT)
+        assert ours.median().item() < bound, f"w4a8moe in vLLM, per position: {ours.tolist()}"
+        above = int((ours > bound).sum())
+        assert above <= len(PROMPT) // 4, f"{above} positions above {bound:.4f}: {ours.tolist()}"
+        assert wrong.median().item() > 4 * bound
+        assert len(result["tokens"]) == 4
 
 
 def test_refused_configuration_falls_back_to_vllm_with_the_reason(tmp_path):

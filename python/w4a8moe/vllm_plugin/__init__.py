@@ -13,6 +13,8 @@ experts kernel of a MoE layer, one module per vLLM method family, around a share
          experts), where vLLM has no kernel for them: x86 without AVX-512 (likewise)
   dense_int8  on request (W4A8MOE_VLLM_QUANTIZE_DENSE=int8), the bfloat16 dense layers and the
          LM head quantized at load to int8 per output channel (W8A8; routers stay bfloat16)
+  vocab  the token embedding and the LM head held once each in memory (vLLM's CPU platform
+         otherwise keeps a GEMM copy of each beside its table)
 
 For each layer: its configuration is offered to w4a8moe first; when w4a8moe takes it, vLLM's
 log says so, and when w4a8moe refuses, the log gives the reason and vLLM's own selection runs
@@ -78,8 +80,9 @@ def _install(wanted) -> None:
     with _install_lock:
         if _installed:
             return
-        from . import dense, dense_int8, mxfp4, w4a8, wna16
+        from . import dense, dense_int8, mxfp4, vocab, w4a8, wna16
 
+        vocab.install()  # under dense_int8's wrapper of the same function
         for name, module in (("w4a8", w4a8), ("wna16", wna16), ("mxfp4", mxfp4)):
             if name in wanted:
                 module.install()
