@@ -30,7 +30,6 @@ import math
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -214,28 +213,28 @@ def serve_under_load(folder, requests, *, concurrency, log_path, trace_path=None
                      max_model_len, compiled=False, timeout=900, env=None, sample_period=0.5):
     """Starts the page's server on `folder`, drives `requests`, stops it. Returns the summary,
     with the server's log tail under "error" when it did not come up."""
-    port = vllm_serve.free_port()
-    argv, documented_env = vllm_serve.server_command(folder, port)
     # A KV cache of 1.5 full batches: vLLM hands out the free blocks in turn, so a cache of
     # gigabytes is first touched page by page over the whole run (resident memory that grows
     # with the tokens served, not a leak); this one is all touched during the first part.
     blocks = math.ceil(1.5 * concurrency * max_model_len / KV_BLOCK)
-    argv = vllm_serve.with_options(argv, {"--max-model-len": str(max_model_len),
-                                          "--max-num-seqs": str(concurrency),
-                                          "--block-size": str(KV_BLOCK),
-                                          "--num-gpu-blocks-override": str(blocks)})
-    if not compiled:
-        argv.append("--enforce-eager")
+
+    def command_for(port):
+        argv, _ = vllm_serve.server_command(folder, port)
+        argv = vllm_serve.with_options(argv, {"--max-model-len": str(max_model_len),
+                                              "--max-num-seqs": str(concurrency),
+                                              "--block-size": str(KV_BLOCK),
+                                              "--num-gpu-blocks-override": str(blocks)})
+        return argv + ([] if compiled else ["--enforce-eager"])
+
+    _, documented_env = vllm_serve.server_command(folder, 0)
     full_env = {**os.environ, **documented_env, **(env or {})}
     if trace_path is not None:
         full_env["W4A8MOE_VLLM_TRACE"] = str(trace_path)
-    with open(log_path, "w", encoding="utf-8") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=full_env)
     try:
-        try:
-            vllm_serve.wait_healthy(proc, port, log_path, timeout)
-        except RuntimeError as e:
-            return {"error": str(e)}
+        proc, port = vllm_serve.start_server(command_for, full_env, log_path, timeout)
+    except RuntimeError as e:
+        return {"error": str(e)}
+    try:
         sampler = MemorySampler(proc.pid, sample_period)
         sampler.start()
         records, seconds = asyncio.run(drive(port, requests, concurrency, timeout))

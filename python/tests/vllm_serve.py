@@ -85,6 +85,27 @@ def wait_healthy(proc, port, log_path, timeout):
     raise RuntimeError(f"the server was not healthy after {timeout} s:\n{_tail(log_path)}")
 
 
+def start_server(command_for, env, log_path, timeout, attempts=3):
+    """Starts the server `command_for(port)` gives on a free port, its output to log_path, and
+    waits until it is healthy: returns (process, port). Another process may bind the port
+    between free_port() and the server (vLLM's engines open ephemeral ports of their own, and
+    the suite runs two groups at once): the server then exits with "Address already in use",
+    and is started again on a new port, up to `attempts` times. RuntimeError otherwise."""
+    for attempt in range(attempts):
+        port = free_port()
+        with open(log_path, "w", encoding="utf-8") as log:
+            proc = subprocess.Popen(command_for(port), stdout=log, stderr=subprocess.STDOUT,
+                                    env=env)
+        try:
+            wait_healthy(proc, port, log_path, timeout)
+            return proc, port
+        except RuntimeError:
+            stop(proc)
+            if attempt + 1 == attempts or "Address already in use" not in _tail(log_path):
+                raise
+    raise AssertionError("unreachable")
+
+
 def with_options(argv, options):
     """argv with each option of `options` ({"--name": value}) set: its value replaced where
     argv has it, else appended."""
@@ -125,20 +146,19 @@ def serve_and_ask(folder, prompt, *, tokens, vocab, log_path, env=None, timeout=
     import openai
 
     write_tokenizer(str(folder), vocab)
-    port = free_port()
-    argv, documented_env = server_command(folder, port)
-    if eager:
-        argv.append("--enforce-eager")
+
+    def command_for(port):
+        argv, _ = server_command(folder, port)
+        return argv + (["--enforce-eager"] if eager else [])
+
+    _, documented_env = server_command(folder, 0)
     # the page's settings, then a KV cache of 1 GiB (enough for the tiny models) and the test's
     full_env = {**os.environ, **documented_env, "VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})}
-    with open(log_path, "w", encoding="utf-8") as log:
-        proc = subprocess.Popen(argv, stdout=log,
-                                stderr=subprocess.STDOUT, env=full_env)
     try:
-        try:
-            wait_healthy(proc, port, log_path, timeout)
-        except RuntimeError as e:
-            return {"error": str(e)}, _tail(log_path, 200000)
+        proc, port = start_server(command_for, full_env, log_path, timeout)
+    except RuntimeError as e:
+        return {"error": str(e)}, _tail(log_path, 200000)
+    try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused",
                                timeout=timeout, max_retries=0)
         model = client.models.list().data[0].id
