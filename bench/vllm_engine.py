@@ -16,12 +16,17 @@ and vocabulary (bench/llama_cpp.py), in the same run:
   --shape gpt-oss-20b    rows mxfp4 (OpenAI's layout, bfloat16 attention), mxfp4-int8 (attention
                          and LM head in int8), bf16, mxfp4-vllm; llama.cpp (MXFP4 experts, Q8_0
                          attention)
+  --shape deepseek-v2-lite  rows w4a16 (compressed-tensors W4A16 routed experts; latent
+                         attention and shared experts bfloat16), w4a16-vllm, bf16 (vLLM's bf16
+                         path); no llama.cpp row (no GGUF writer of this shape)
 
 Per row: load_s (vllm.LLM() from the call to a ready engine: weights read and packed, the graph
 compiled and warmed up) and its parts weights_s (the model runner's load: the checkpoint read and
 each layer packed), read_s, compile_s and engine_init_s (from vLLM's log); peak_rss_gb (the
 engine process's peak resident memory, VmHWM), weights_rss_gb and load_rss_gb (the same when the
-weights were loaded, when the engine was ready), checkpoint_gb; prefill_s and prefill_2048_s
+weights were loaded, when the engine was ready), after_weights_rss_gb (the resident memory, VmRSS,
+when the weights were loaded), peak_anon_gb and peak_file_gb (the peaks of its two parts: tensors
+and heap; mapped files such as checkpoint shards), checkpoint_gb; prefill_s and prefill_2048_s
 (one prompt of 512 / 2048 tokens, max_tokens 1, seconds); decode_b{1,8,32}_tok_s (--decode tokens
 after a 16-token prompt at batch B, less the same prompt with max_tokens 1, aggregate tokens/s).
 Each figure is the median of --repeat runs after one warm-up; each row runs in its own process
@@ -32,6 +37,7 @@ bfloat16 rows of the whole models).
     V=$(scripts/vllm-env.sh)
     $V/bin/python bench/vllm_engine.py --shape qwen3-30b-a3b --layers 48 --vocab 151936 --only gptq,llama.cpp
     $V/bin/python bench/vllm_engine.py --shape gpt-oss-20b --layers 24 --vocab 201088 --only mxfp4,llama.cpp
+    $V/bin/python bench/vllm_engine.py --shape deepseek-v2-lite --layers 4 --vocab 102400
 
 Prints a Markdown table; --json adds one JSON line per row.
 """
@@ -71,8 +77,13 @@ _GPT_OSS = [("mxfp4", "MXFP4, attention bf16", "mxfp4", OURS, "w4a8moe"),
             ("mxfp4-vllm", "MXFP4, attention bf16", "mxfp4",
              {"W4A8MOE_VLLM_FORMATS": "w4a8,wna16"}, "vLLM's own"),
             ("bf16", "bfloat16", "bf16", OURS, "vLLM's own")]
-CONFIGS = {"qwen3-30b-a3b": _QWEN3, "gpt-oss-20b": _GPT_OSS}
+_DEEPSEEK_V2_LITE = [("w4a16", "W4A16 int4 g{g}", "w4a16", OURS, "w4a8moe"),
+                     ("w4a16-vllm", "W4A16 int4 g{g}", "w4a16", THEIRS, "vLLM's own"),
+                     ("bf16", "bfloat16", "bf16", OURS, "vLLM's own")]
+CONFIGS = {"qwen3-30b-a3b": _QWEN3, "gpt-oss-20b": _GPT_OSS,
+           "deepseek-v2-lite": _DEEPSEEK_V2_LITE}
 PEER = "llama.cpp"
+PEER_SHAPES = ("qwen3-30b-a3b", "gpt-oss-20b")  # the shapes bench/llama_cpp.py writes
 BATCHES = (1, 8, 32)
 # parts of load_s from vLLM's log: the checkpoint read, torch.compile, and the engine's set-up
 # after the model (profile run, KV cache, warm-up); weights_s (read and packed) is timed below
@@ -94,6 +105,29 @@ def _rss_gb(field):
     return float("nan")
 
 
+class _RssParts:
+    """The peaks of the process's anonymous memory (tensors, heap) and of its file pages
+    (mapped checkpoint shards, libraries), which VmHWM sums, polled every 20 ms on a thread."""
+
+    def __init__(self):
+        import threading
+
+        self.peak = {"RssAnon": 0.0, "RssFile": 0.0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self):
+        while not self._stop.wait(0.02):
+            for field in self.peak:
+                self.peak[field] = max(self.peak[field], _rss_gb(field))
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+        return {"peak_anon_gb": self.peak["RssAnon"], "peak_file_gb": self.peak["RssFile"]}
+
+
 def run_one(path, args):
     """In this process: the engine on `path`; prints a JSON line of medians."""
     from vllm import LLM, SamplingParams
@@ -109,8 +143,10 @@ def run_one(path, args):
         load_model(self, *a, **kw)
         result["weights_s"] = time.perf_counter() - begin
         result["weights_rss_gb"] = _rss_gb("VmHWM")
+        result["after_weights_rss_gb"] = _rss_gb("VmRSS")
 
     CPUModelRunner.load_model = timed_load  # the engine runs in this process
+    parts = _RssParts()
     start = time.perf_counter()
     # no prefix caching: the timed runs repeat their prompts, whose KV a cache would keep
     llm = LLM(model=path, dtype="bfloat16", enforce_eager=args.eager, skip_tokenizer_init=True,
@@ -140,6 +176,7 @@ def run_one(path, args):
         delta = median(prompts, args.decode + 1) - median(prompts, 1)
         result[f"decode_b{batch}_tok_s"] = batch * args.decode / delta
     result["peak_rss_gb"] = _rss_gb("VmHWM")
+    result.update(parts.stop())
     print(json.dumps(result))
 
 
@@ -221,7 +258,8 @@ def main():
     parser.add_argument("--root", default=os.path.join(os.environ.get("TMPDIR", "/tmp"),
                                                        "w4a8moe-vllm-bench"))
     parser.add_argument("--only", help="comma list of row ids (default: all of the shape's: "
-                        + "; ".join(f"{k}: " + ",".join([c[0] for c in v] + [PEER])
+                        + "; ".join(f"{k}: " + ",".join([c[0] for c in v] + (
+                                        [PEER] if k in PEER_SHAPES else []))
                                     for k, v in CONFIGS.items()) + ")")
     parser.add_argument("--keep-logs", action="store_true",
                         help="write each engine's log to ROOT/log-<folder>.txt")
@@ -232,8 +270,11 @@ def main():
         return run_one(args.run_one, args)
     if args.layers < 1 or args.vocab < 32:
         parser.error(f"--layers: expected >= 1, --vocab: >= 32; got {args.layers}, {args.vocab}")
+    if args.shape == "deepseek-v2-lite" and args.layers < 2:
+        parser.error(f"--layers: expected >= 2 for deepseek-v2-lite (its first layer is dense), "
+                     f"got {args.layers}")
     configs = CONFIGS[args.shape]
-    ids = [c[0] for c in configs] + [PEER]
+    ids = [c[0] for c in configs] + ([PEER] if args.shape in PEER_SHAPES else [])
     wanted = args.only.split(",") if args.only else ids
     unknown = [w for w in wanted if w not in ids]
     if unknown:
@@ -247,6 +288,8 @@ def main():
     kinds = sorted({k for k, gb in sizes.items() if gb <= room})
     if args.shape == "qwen3-30b-a3b":
         paths = models.qwen3(args.root, args.layers, args.vocab, args.group, kinds)
+    elif args.shape == "deepseek-v2-lite":
+        paths = models.deepseek_v2_lite(args.root, args.layers, args.vocab, args.group, kinds)
     else:
         paths = models.gpt_oss(args.root, args.layers, args.vocab, kinds)
     rows = []
