@@ -1,5 +1,9 @@
 """The vLLM plugin's own checks, without starting an engine (the engine tests are
-test_vllm_engine.py): the supported-version gate and the W4A8MOE_VLLM setting."""
+test_vllm_engine.py): the supported-version gate, the W4A8MOE_VLLM setting, and the allocator
+trim after packing."""
+
+import os
+import sys
 
 import pytest
 
@@ -37,3 +41,31 @@ def test_off_leaves_vllm_untouched(monkeypatch):
     before = method_module.select_w4a8_int8_moe_backend
     vllm_plugin.register()
     assert method_module.select_w4a8_int8_moe_backend is before
+
+
+def _resident_bytes():
+    with open("/proc/self/statm", encoding="utf-8") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
+def test_freed_heap_memory_goes_back_to_the_system():
+    """What the packing leaves behind, in small: 256 MiB of 64 KiB tensors (below glibc's mmap
+    threshold, so from its heap) each followed by a small tensor that stays; the large ones
+    freed stay resident between the live ones until memory.release_freed() returns them."""
+    import torch
+
+    from w4a8moe.vllm_plugin import memory
+
+    if not memory._malloc_trim():
+        pytest.skip("the C library has no malloc_trim")
+    blocks, kept = [], []
+    for _ in range(4096):
+        blocks.append(torch.ones(16384))  # 64 KiB
+        kept.append(torch.ones(64))
+    blocks.clear()
+    before = _resident_bytes()
+    memory.release_freed()
+    given_back = before - _resident_bytes()
+    assert given_back > 128 * 2**20, f"{given_back / 2**20:.0f} MiB given back of 256"
+    assert len(kept) == 4096

@@ -390,6 +390,9 @@ def install_layer(method, layer, w13_packed, w2_packed, group: int, free: Iterab
             if hasattr(layer, name):
                 delattr(layer, name)
             layer.register_parameter(name, param)
+    from .memory import release_freed
+
+    release_freed()  # vLLM's tensors of this layer (and the previous one's late frees)
     info = w4a8moe.packed_info(w13_packed)
     parallel = method.moe.moe_parallel_config
     trace(f"pack {info.cols} {info.rows // 2} {info.experts} {info.group_size} "

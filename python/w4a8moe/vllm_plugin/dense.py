@@ -22,7 +22,7 @@ import os
 
 import torch
 
-from . import core
+from . import core, memory
 
 KIND = "W4A16 int4 linear"
 COMPUTES = (", as W4A8: the checkpoint's int4 weights exactly, the activations quantized per "
@@ -167,6 +167,7 @@ def _pack_layer(kernel, layer) -> None:
                                                               requires_grad=False))
     layer.register_buffer("w4a8moe_weight", packed, persistent=False)
     layer.w4a8moe_rows = rows
+    memory.release_freed()
     info = w4a8moe.packed_info(packed)
     core.trace(f"linear {cols} {rows} {group} {w4a8moe.active_kernel_set()} "
                f"{info.weight_format}")

@@ -30,7 +30,7 @@ import os
 
 import torch
 
-from . import core, vocab
+from . import core, memory, vocab
 
 KIND = "bfloat16 dense layer"
 #: last components of a layer's name that are MoE routers (kept in the model's dtype)
@@ -94,6 +94,7 @@ def _take(layer) -> None:
     del values, scales
     layer.register_buffer("w4a8moe_int8_weight", packed, persistent=False)
     layer.w4a8moe_rows = rows
+    memory.release_freed()
 
     def cpu_linear(x, _weight, bias, layer=layer):
         out = torch.ops.w4a8moe.linear(x, layer.w4a8moe_int8_weight, layer.w4a8moe_rows)
