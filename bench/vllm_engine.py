@@ -25,7 +25,8 @@ compiled and warmed up) and its parts weights_s (the model runner's load: the ch
 each layer packed), read_s, compile_s and engine_init_s (from vLLM's log); peak_rss_gb (the
 engine process's peak resident memory, VmHWM), weights_rss_gb and load_rss_gb (the same when the
 weights were loaded, when the engine was ready), after_weights_rss_gb (the resident memory, VmRSS,
-when the weights were loaded), peak_anon_gb and peak_file_gb (the peaks of its two parts: tensors
+when the weights were loaded) and model_tensors_gb (the bytes of the model's parameters and
+buffers then), peak_anon_gb and peak_file_gb (the peaks of its two parts: tensors
 and heap; mapped files such as checkpoint shards), checkpoint_gb; prefill_s and prefill_2048_s
 (one prompt of 512 / 2048 tokens, max_tokens 1, seconds); decode_b{1,8,32}_tok_s (--decode tokens
 after a 16-token prompt at batch B, less the same prompt with max_tokens 1, aggregate tokens/s).
@@ -144,6 +145,10 @@ def run_one(path, args):
         result["weights_s"] = time.perf_counter() - begin
         result["weights_rss_gb"] = _rss_gb("VmHWM")
         result["after_weights_rss_gb"] = _rss_gb("VmRSS")
+        model = self.model  # what the model's tensors hold, beside what the process holds
+        tensors = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
+        result["model_tensors_gb"] = sum(t.numel() * t.element_size()
+                                         for t in tensors.values()) / 1e9
 
     CPUModelRunner.load_model = timed_load  # the engine runs in this process
     parts = _RssParts()
