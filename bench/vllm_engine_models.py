@@ -19,6 +19,13 @@ write on a machine with less memory than their checkpoints.
                  other layer. Folders: mxfp4 (OpenAI's `_blocks` / `_scales` layout, attention
                  bfloat16, as OpenAI ships it), bf16 (the codes decoded).
 
+  deepseek-v2-lite  H 2048, MoE I 1408, 64 routed experts + 2 shared (one MLP of 2816), top-6
+                 of the softmax, no renormalisation; multi-head latent attention (16 heads, no
+                 query compression, latent 512, rope 64, nope 128, value 128; the plain rope,
+                 not the model's YaRN scaling), the first layer a dense MLP of 10944. Folders:
+                 w4a16 (compressed-tensors W4A16 "pack-quantized", the routed experts; the rest
+                 bfloat16), bf16.
+
 Every folder of a shape holds the same model: the attention projections are int4 codes and group
 scales in every folder (written as GPTQ in gptq, decoded to bfloat16 elsewhere), the experts'
 codes are the same in every format. Each layer draws from its own seeded generator, so a layer's
@@ -30,12 +37,17 @@ import math
 import os
 import shutil
 
-SHAPES = ("qwen3-30b-a3b", "gpt-oss-20b")
-KINDS = {"qwen3-30b-a3b": ("gptq", "w4a8", "w4a16", "bf16"), "gpt-oss-20b": ("mxfp4", "bf16")}
+SHAPES = ("qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v2-lite")
+KINDS = {"qwen3-30b-a3b": ("gptq", "w4a8", "w4a16", "bf16"), "gpt-oss-20b": ("mxfp4", "bf16"),
+         "deepseek-v2-lite": ("w4a16", "bf16")}
 
 # Qwen3-30B-A3B and gpt-oss-20b: hidden, MoE intermediate, experts, top-k, heads, KV heads, head
 QWEN3 = dict(H=2048, I=768, E=128, K=8, heads=32, kv=4, hd=128)
 GPT_OSS = dict(H=2880, I=2880, E=32, K=4, heads=64, kv=8, hd=64)
+# DeepSeek-V2-Lite: the same, the shared experts' width, the dense layer's, and the latent
+# attention's sizes (latent, rope, nope and value head dims)
+DEEPSEEK_V2_LITE = dict(H=2048, I=1408, E=64, K=6, shared=2816, dense=10944, heads=16,
+                        latent=512, rope=64, nope=128, v=128)
 
 
 class _Folder:
@@ -323,9 +335,95 @@ def gpt_oss(root, layers, vocab, kinds):
     return paths
 
 
+def deepseek_v2_lite(root, layers, vocab, group, kinds):
+    """Writes (once) the DeepSeek-V2-Lite folders of `kinds`; returns {kind: path}. Layer 0 is
+    the dense MLP, as in the model; the others are MoE layers."""
+    import torch
+
+    s = DEEPSEEK_V2_LITE
+    H, I, E, heads = s["H"], s["I"], s["E"], s["heads"]
+    tag = f"deepseek-v2-lite-L{layers}-V{vocab}-g{group}"
+    paths = {k: os.path.join(root, f"{k}-{tag}") for k in kinds}
+    todo = {k: _Folder(p) for k, p in paths.items() if not _done(p)}
+    if not todo:
+        return paths
+    _embeddings(todo, vocab, H)
+    ones = torch.ones(H, dtype=torch.bfloat16)
+    for layer in range(layers):
+        gen = torch.Generator().manual_seed(1000 + layer)
+        p = f"model.layers.{layer}."
+        dense = {  # bfloat16 in every folder: the latent attention, the dense or shared MLP
+            "self_attn.q_proj": (heads * (s["nope"] + s["rope"]), H),
+            "self_attn.kv_a_proj_with_mqa": (s["latent"] + s["rope"], H),
+            "self_attn.kv_b_proj": (heads * (s["nope"] + s["v"]), s["latent"]),
+            "self_attn.o_proj": (H, heads * s["v"])}
+        mlp = "mlp." if layer == 0 else "mlp.shared_experts."
+        width = s["dense"] if layer == 0 else s["shared"]
+        dense.update({mlp + "gate_proj": (width, H), mlp + "up_proj": (width, H),
+                      mlp + "down_proj": (H, width)})
+        if layer > 0:
+            dense["mlp.gate"] = (E, H)
+        for name, (out, inp) in dense.items():
+            weight = _normal(gen, out, inp).to(torch.bfloat16)
+            for f in todo.values():
+                f.add(f"{p}{name}.weight", weight)
+        for f in todo.values():
+            f.add(f"{p}self_attn.kv_a_layernorm.weight",
+                  torch.ones(s["latent"], dtype=torch.bfloat16))
+            f.add(f"{p}input_layernorm.weight", ones)
+            f.add(f"{p}post_attention_layernorm.weight", ones)
+        for proj, (n, k) in ({} if layer == 0 else {
+                "gate_proj": (I, H), "up_proj": (I, H), "down_proj": (H, I)}).items():
+            words = _int4_words(gen, (E, n, k))
+            scales = _scales(gen, (E, n, k // group), k)
+            decoded = _decode(words, scales, group) if "bf16" in todo else None
+            for e in range(E):
+                name = f"{p}mlp.experts.{e}.{proj}"
+                if "w4a16" in todo:
+                    todo["w4a16"].add(name + ".weight_packed", words[e])
+                    todo["w4a16"].add(name + ".weight_scale", scales[e])
+                    todo["w4a16"].add(name + ".weight_shape",
+                                      torch.tensor([n, k], dtype=torch.int32))
+                if "bf16" in todo:
+                    todo["bf16"].add(name + ".weight", decoded[e])
+        for f in todo.values():
+            f.flush()
+    weights = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+               "group_size": group, "dynamic": False}
+    experts = r"re:.*experts\.\d+\.(gate|up|down)_proj$"  # not the shared experts
+    quant = {"quant_method": "compressed-tensors", "format": "pack-quantized",
+             "quantization_status": "compressed", "ignore": ["lm_head"],
+             "config_groups": {"group_0": {"targets": [experts], "weights": weights}}}
+    config = {
+        "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+        "vocab_size": vocab, "hidden_size": H, "intermediate_size": s["dense"],
+        "moe_intermediate_size": I, "num_hidden_layers": layers, "num_attention_heads": heads,
+        "num_key_value_heads": heads, "n_routed_experts": E, "n_shared_experts": 2,
+        "num_experts_per_tok": s["K"], "routed_scaling_factor": 1.0, "topk_method": "greedy",
+        "n_group": 1, "topk_group": 1, "norm_topk_prob": False, "scoring_func": "softmax",
+        "first_k_dense_replace": 1, "moe_layer_freq": 1, "kv_lora_rank": s["latent"],
+        "q_lora_rank": None, "qk_rope_head_dim": s["rope"], "qk_nope_head_dim": s["nope"],
+        "v_head_dim": s["v"], "max_position_embeddings": 163840, "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "hidden_act": "silu", "attention_bias": False,
+    }
+    for kind, f in todo.items():
+        f.close(dict(config, **({"quantization_config": quant} if kind == "w4a16" else {})))
+    return paths
+
+
 def estimate_gb(shape, kind, layers, vocab, group=128):
     """The checkpoint's size in GB before it is written (the runner skips rows that cannot fit
     the machine's memory)."""
+    if shape == "deepseek-v2-lite":  # layer 0 dense, the others MoE; bfloat16 but the experts
+        s = DEEPSEEK_V2_LITE
+        attention = 2 * (s["heads"] * (s["nope"] + s["rope"]) * s["H"] + (s["latent"] + s["rope"])
+                         * s["H"] + s["heads"] * (s["nope"] + s["v"]) * s["latent"]
+                         + s["H"] * s["heads"] * s["v"])
+        moe = (s["E"] * 3 * s["H"] * s["I"] * {"w4a16": 0.5 + 2 / group, "bf16": 2}[kind]
+               + 2 * (3 * s["shared"] * s["H"] + s["E"] * s["H"]))
+        return (layers * attention + 2 * 3 * s["dense"] * s["H"] + (layers - 1) * moe
+                + 2 * vocab * s["H"] * 2) / 1e9
     if shape == "qwen3-30b-a3b":
         s = QWEN3
         experts = s["E"] * 3 * s["H"] * s["I"]

@@ -162,6 +162,9 @@ def check(config, group: int, weight_format: str = "int4") -> Tuple[bool, Option
     ok, reason = parallel_check(config.moe_parallel_config)
     if not ok:
         return False, reason
+    ok, reason = routing_check(config.routing_method)
+    if not ok:
+        return False, reason
     cls = experts_class()
     ok, reason = mk.FusedMoEExperts.is_supported_config(
         cls, config, None, None, mk.FusedMoEActivationFormat.Standard)
@@ -188,6 +191,48 @@ def parallel_check(parallel) -> Tuple[bool, Optional[str]]:
         return False, ("expert load balancing (--enable-eplb: redundant, moving experts): "
                        "w4a8moe packs each rank's experts once")
     return True, None
+
+
+#: vLLM's routing methods (FusedMoEConfig.routing_method) w4a8moe's experts take: those vLLM's
+#: CPU router reports for the softmax and sigmoid layers it routes. The layer's own Routing and
+#: the experts call's arguments then say how (op_routing); what w4a8moe's op does not express
+#: (custom routing functions, expert parallelism) goes to vLLM's CPU router (select_experts),
+#: as routing_plan() logs.
+ROUTING_METHODS = (
+    "Default",           # softmax, top-k (Qwen2-MoE, OLMoE, DeepSeek-V2 without renormalising)
+    "Renormalize",       # softmax of the top-k logits
+    "RenormalizeNaive",  # softmax, top-k, renormalised (Mixtral, Qwen3-MoE, Qwen3-Next)
+    "DeepSeekV3",        # sigmoid + correction bias, grouped top-k (DeepSeek-V3, Kimi K2, GLM-4.5)
+    "MiniMax2",          # sigmoid + correction bias, ungrouped, renormalised (MiniMax-M2)
+    "Sigmoid",           # sigmoid, top-k
+    "SigmoidRenorm",     # sigmoid, top-k, renormalised
+)
+
+
+def routing_check(method) -> Tuple[bool, Optional[str]]:
+    """Whether w4a8moe's experts take a layer of vLLM's routing method `method`, with the reason
+    when not. vLLM's MoE kernels with the router inside (w4a8moe's is one: vLLM calls it with
+    the router logits) never run the layer's router object; vLLM marks the routers whose work
+    that would skip with methods such kernels refuse."""
+    from vllm import envs
+
+    name = getattr(method, "name", str(method))
+    if getattr(envs, "VLLM_MOE_ROUTING_SIMULATION_STRATEGY", ""):
+        return False, ("VLLM_MOE_ROUTING_SIMULATION_STRATEGY is set: vLLM's simulated router "
+                       "chooses the experts, and experts with the router inside never call it")
+    if name in ROUTING_METHODS:
+        return True, None
+    if name == "DeepseekV4":
+        return False, ("routing method DeepseekV4: sqrtsoftplus scores, which w4a8moe's op does "
+                       "not compute")
+    if name == "Unspecified":
+        return False, ("routing method Unspecified: vLLM's zero-expert router (LongCat-Flash) "
+                       "reports it so that experts with the router inside refuse its layers "
+                       "(the router computes the zero experts' share itself); its CPU router "
+                       "reports it for a correction bias with softmax scores or without "
+                       "renormalisation, which cannot be told apart from it here")
+    return False, (f"routing method {name}: not one vLLM's CPU router reports (w4a8moe takes "
+                   f"{', '.join(ROUTING_METHODS)})")
 
 
 class Routing(NamedTuple):
@@ -230,6 +275,38 @@ def op_routing(routing: Routing, num_expert_group, topk_group, e_score_correctio
                 int(num_expert_group), int(topk_group), bias)
     scaling = float(routed_scaling_factor) if bias is not None else 1.0
     return (routing.scoring_func, routing.renormalize, scaling, 1, 1, bias)
+
+
+def routing_plan(routing: Routing, layer, custom: bool, expert_parallel: bool) -> str:
+    """The log line saying how a packed layer's routing runs: inside w4a8moe's op, or chosen by
+    vLLM's CPU router (select_experts, with the reason) and the experts run by w4a8moe."""
+    bias = getattr(layer, "e_score_correction_bias", None)
+    groups, topk_group = (getattr(layer, n, None) for n in ("num_expert_group", "topk_group"))
+    scaling = getattr(layer, "routed_scaling_factor", None)
+    scaling = 1.0 if scaling is None else float(scaling)
+    fused = op_routing(routing, groups, topk_group, bias, scaling)
+    text = routing.scoring_func + (" + correction bias" if bias is not None else "")
+    if routing.grouped:
+        text += f", the best {topk_group} of {groups} groups"
+    text += ", renormalised" if routing.renormalize else ""
+    if fused is not None and not custom and not expert_parallel:
+        text += f", scaled by {fused[2]:g}" if fused[2] != 1.0 else ""
+        how = ("as vLLM's CPU router computes it" if routing.grouped or (
+            routing.scoring_func == "softmax" and bias is None) else
+            "as vLLM's FusedTopKRouter / FusedTopKBiasRouter compute it (its CPU router lacks "
+            "ungrouped sigmoid scores and correction biases)")
+        return f"w4a8moe: MoE routing ({text}) inside w4a8moe's op (moe_routed), {how}"
+    text += f", scaled by {scaling:g}" if scaling != 1.0 else ""
+    if custom:
+        why = "the layer's custom routing function, which the experts call does not pass"
+    elif expert_parallel:
+        why = "expert parallelism: the op routes among the experts it holds, a rank holds a share"
+    elif routing.scoring_func not in ("softmax", "sigmoid"):
+        why = f"{routing.scoring_func} scores, which w4a8moe's op does not compute"
+    else:
+        why = "grouped top-k without num_expert_group and topk_group"
+    return (f"w4a8moe: MoE routing ({text}) by vLLM's CPU router (select_experts: {why}), the "
+            f"experts by w4a8moe")
 
 
 def _make_experts_class():
@@ -275,8 +352,7 @@ def _make_experts_class():
 
         @staticmethod
         def _supports_routing_method(routing_method, weight_key, activation_key) -> bool:
-            return routing_method in (RoutingMethodType.Default, RoutingMethodType.Renormalize,
-                                      RoutingMethodType.RenormalizeNaive)
+            return routing_check(routing_method)[0]
 
         def apply(self, hidden_states, w1, w2, router_logits, activation, global_num_experts,
                   expert_map, a1q_scale=None, apply_router_weight_on_input=False,
@@ -404,6 +480,9 @@ def install_layer(method, layer, w13_packed, w2_packed, group: int, free: Iterab
     if function is not None:
         attrs["routing_function"] = staticmethod(function)
     attrs["routing"] = routing_of(layer)
+    if attrs["routing"] is not None:
+        say(routing_plan(attrs["routing"], layer, function is not None,
+                         getattr(layer, "expert_map", None) is not None))
     base = experts_class()
     experts_cls = type(base.__name__, (base,), attrs)
     prepare_finalize = maybe_make_prepare_finalize(
