@@ -55,7 +55,8 @@ torch2_stage
 # reference; test_vllm_formats.py: W4A16, GPTQ, AWQ and MXFP4, some served over the OpenAI API
 # by docs/vllm.md's command; test_vllm_dense.py: their dense int4 layers; test_vllm_dense_int8.py:
 # the bfloat16 dense layers in int8, compiled and eager; test_routed.py: the routing inside the op
-# against vLLM's router; test_vllm_parallel.py:
+# against vLLM's router; test_vllm_families.py: GLM-4.5, DeepSeek-V2/V3 and Qwen3-Next, compiled
+# and eager; test_vllm_parallel.py:
 # tensor and expert parallelism over two worker processes; test_vllm_load.py: the server under
 # a minute of concurrent requests) and the rest of the suite against that torch, from outside
 # the clone.
@@ -72,8 +73,8 @@ vllm_stage() {
   # and expert parallel cases bind one rank per core over all of them); their logs follow.
   local t="$repo/python/tests" cpus half bind_a bind_b
   local group_a=("$t/test_vllm_formats.py" "$t/test_vllm_load.py" "$t/test_vllm_dense_int8.py"
-                 "$t/test_routed.py")
-  local group_b=("$t/test_vllm_engine.py" "$t/test_vllm_dense.py" "$t/test_vllm_parallel.py"
+                 "$t/test_routed.py" "$t/test_vllm_dense.py")
+  local group_b=("$t/test_vllm_engine.py" "$t/test_vllm_families.py" "$t/test_vllm_parallel.py"
                  "$t/test_vllm_plugin.py" "$t/test_vllm_dropin.py" "$t/test_vllm_quantized.py"
                  "$t/test_vllm_packers.py")
   vllm_pytest() {  # <log> <cores> <test files...>

@@ -19,8 +19,10 @@ experts kernel of a MoE layer, one module per vLLM method family, around a share
 For each layer: its configuration is offered to w4a8moe first; when w4a8moe takes it, vLLM's
 log says so, and when w4a8moe refuses, the log gives the reason and vLLM's own selection runs
 as it would without the plugin. The weights are packed once, exactly as the checkpoint holds
-them, and vLLM's unpacked tensors are freed; the forward pass runs vLLM's CPU router, then
-torch.ops.w4a8moe.dynamic_4bit_int_moe_ex. docs/vllm.md tells a vLLM user how to install and
+them, and vLLM's unpacked tensors are freed; the forward pass routes inside
+torch.ops.w4a8moe.moe_routed (softmax or sigmoid scores, correction bias, grouped top-k), or runs
+vLLM's CPU router and then torch.ops.w4a8moe.dynamic_4bit_int_moe_ex where the op cannot route
+(custom routing functions, expert parallelism). docs/vllm.md tells a vLLM user how to install and
 serve, and what each family takes.
 
 Settings (environment variables, read in each vLLM process):
