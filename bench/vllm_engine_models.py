@@ -191,6 +191,16 @@ def _attention(gen, folders, p, s, group, gptq_kinds, bias):
                 f.add(f"{p}self_attn.{name}.bias", torch.zeros(out, dtype=torch.bfloat16))
 
 
+def _folders(root, tag, kinds, vocab, H):
+    """({kind: path}, {kind: _Folder} of those not written yet, with the vocabulary tables
+    written to them)."""
+    paths = {k: os.path.join(root, f"{k}-{tag}") for k in kinds}
+    todo = {k: _Folder(p) for k, p in paths.items() if not _done(p)}
+    if todo:
+        _embeddings(todo, vocab, H)
+    return paths, todo
+
+
 def qwen3(root, layers, vocab, group, kinds):
     """Writes (once) the Qwen3-30B-A3B folders of `kinds`; returns {kind: path}."""
     import torch
@@ -198,11 +208,9 @@ def qwen3(root, layers, vocab, group, kinds):
     s = QWEN3
     H, I, E, HD = s["H"], s["I"], s["E"], s["hd"]
     tag = f"qwen3-L{layers}-V{vocab}-g{group}"
-    paths = {k: os.path.join(root, f"{k}-{tag}") for k in kinds}
-    todo = {k: _Folder(p) for k, p in paths.items() if not _done(p)}
+    paths, todo = _folders(root, tag, kinds, vocab, H)
     if not todo:
         return paths
-    _embeddings(todo, vocab, H)
     ones = torch.ones(H, dtype=torch.bfloat16)
     for layer in range(layers):
         gen = torch.Generator().manual_seed(1000 + layer)
@@ -276,11 +284,9 @@ def gpt_oss(root, layers, vocab, kinds):
     s = GPT_OSS
     H, I, E, HEADS = s["H"], s["I"], s["E"], s["heads"]
     tag = f"gpt-oss-L{layers}-V{vocab}"
-    paths = {k: os.path.join(root, f"{k}-{tag}") for k in kinds}
-    todo = {k: _Folder(p) for k, p in paths.items() if not _done(p)}
+    paths, todo = _folders(root, tag, kinds, vocab, H)
     if not todo:
         return paths
-    _embeddings(todo, vocab, H)
     ones = torch.ones(H, dtype=torch.bfloat16)
     for layer in range(layers):
         gen = torch.Generator().manual_seed(1000 + layer)
@@ -343,11 +349,9 @@ def deepseek_v2_lite(root, layers, vocab, group, kinds):
     s = DEEPSEEK_V2_LITE
     H, I, E, heads = s["H"], s["I"], s["E"], s["heads"]
     tag = f"deepseek-v2-lite-L{layers}-V{vocab}-g{group}"
-    paths = {k: os.path.join(root, f"{k}-{tag}") for k in kinds}
-    todo = {k: _Folder(p) for k, p in paths.items() if not _done(p)}
+    paths, todo = _folders(root, tag, kinds, vocab, H)
     if not todo:
         return paths
-    _embeddings(todo, vocab, H)
     ones = torch.ones(H, dtype=torch.bfloat16)
     for layer in range(layers):
         gen = torch.Generator().manual_seed(1000 + layer)

@@ -23,6 +23,7 @@ import os
 import torch
 
 from ecosystem import quantize_with_qparams
+import vllm_models
 from vllm_models import _Tree
 
 # family: (transformers' class, routing as vLLM's layer holds it: scoring function, correction
@@ -109,14 +110,10 @@ def make_checkpoint(folder, family, *, group_size=32, seed=0, float_folder=None)
     I = config.moe_intermediate_size
     E = blocks[min(blocks)].gate.weight.shape[0]
 
-    # Order-one activations: unit-gain projections, the embedding of unit rows; correction
-    # biases of the size of the sigmoid scores' spread, so that they change choices.
+    # Order-one activations; correction biases of the size of the sigmoid scores' spread, so
+    # that they change choices.
+    vllm_models.order_one_(model, gen)
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
-            if name.endswith("embed_tokens.weight"):
-                p.copy_(torch.randn(p.shape, generator=gen))
         for block in blocks.values():
             bias = getattr(block.gate, "e_score_correction_bias", None)
             if bias is not None:

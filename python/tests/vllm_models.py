@@ -27,6 +27,17 @@ from ecosystem import quantize_with_qparams
 FAMILIES = ("qwen3_moe", "mixtral", "llama4")
 
 
+def order_one_(model, gen):
+    """Order-one activations: unit-gain projections (every 2-D weight ~ N(0, 1/fan_in)), the
+    embedding of unit rows; in place, from `gen`."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
+            if name.endswith("embed_tokens.weight"):
+                p.copy_(torch.randn(p.shape, generator=gen))
+
+
 def config_of(family, *, hidden=256, intermediate=128, experts=8, top_k=2, layers=2, vocab=256,
               max_positions=256):
     from transformers import MixtralConfig, Qwen3MoeConfig
@@ -128,13 +139,7 @@ def make_checkpoint(folder, family="qwen3_moe", *, strategy="group", group_size=
     # Llama 4's shared expert is a dense MLP of the same width: unquantized, as the targets say
     L = config.num_hidden_layers
 
-    # Order-one activations: unit-gain projections, the embedding of unit rows.
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
-            if name.endswith("embed_tokens.weight"):
-                p.copy_(torch.randn(p.shape, generator=gen))
+    order_one_(model, gen)
 
     shapes = {}
     for layer in range(L):
