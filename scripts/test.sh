@@ -73,10 +73,9 @@ vllm_stage() {
   # and expert parallel cases bind one rank per core over all of them); their logs follow.
   local t="$repo/python/tests" cpus half bind_a bind_b
   local group_a=("$t/test_vllm_formats.py" "$t/test_vllm_load.py" "$t/test_vllm_dense_int8.py"
-                 "$t/test_routed.py" "$t/test_vllm_dense.py")
-  local group_b=("$t/test_vllm_engine.py" "$t/test_vllm_families.py" "$t/test_vllm_parallel.py"
-                 "$t/test_vllm_plugin.py" "$t/test_vllm_dropin.py" "$t/test_vllm_quantized.py"
-                 "$t/test_vllm_packers.py")
+                 "$t/test_routed.py" "$t/test_vllm_dense.py" "$t/test_vllm_parallel.py")
+  local group_b=("$t/test_vllm_engine.py" "$t/test_vllm_families.py" "$t/test_vllm_plugin.py"
+                 "$t/test_vllm_dropin.py" "$t/test_vllm_quantized.py" "$t/test_vllm_packers.py")
   vllm_pytest() {  # <log> <cores> <test files...>
     local log=$1 cores=$2
     shift 2
