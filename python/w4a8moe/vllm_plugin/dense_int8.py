@@ -139,13 +139,7 @@ def _wrap(vllm_dispatch):
                      f"through w4a8moe (kernel set {w4a8moe.active_kernel_set()}), the "
                      f"activations quantized per token to int8; not vLLM's bfloat16 GEMM")
             return None
-        from vllm.model_executor.layers.vocab_parallel_embedding import (
-            ParallelLMHead,
-            VocabParallelEmbedding,
-        )
-
-        if (isinstance(layer, VocabParallelEmbedding) and not isinstance(layer, ParallelLMHead)
-                and layer.weight.dim() == 2 and layer.weight.shape[1] % 32 == 0):
+        if vocab.kind_of(layer) == "embedding" and layer.weight.shape[1] % 32 == 0:
             _lazy_embedding(layer)
             return None
         name = (getattr(layer, "prefix", "") or type(layer).__name__).split(".")[-1]

@@ -35,7 +35,7 @@ def head_dtype_differs(layer) -> bool:
     return head_dtype != layer.weight.dtype
 
 
-def _kind(layer):
+def kind_of(layer):
     """'head', 'embedding' or None (not a vocabulary table with a 2-D weight)."""
     from vllm.model_executor.layers.vocab_parallel_embedding import (
         ParallelLMHead,
@@ -62,7 +62,7 @@ def _lazy(layer, vllm_dispatch) -> None:
 
 def _wrap(vllm_dispatch):
     def dispatch_cpu_unquantized_gemm(layer, remove_weight):
-        kind = _kind(layer)
+        kind = kind_of(layer)
         if kind is None:
             return vllm_dispatch(layer, remove_weight)
         rows, cols = layer.weight.shape
