@@ -135,6 +135,84 @@ BENCHMARK(BM_Layer)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
+// The dense layers of the whole-model presets (docs/whole-model.md) as linear() runs them in
+// vLLM: gpt-oss-20b's attention projections (qkv 5120 x 2880, o 2880 x 4096) and LM head
+// (201088 x 2880), Qwen3-30B-A3B's LM head (151936 x 2048); int8 weights per output row with f32
+// scales (the plugin's int8 setting), or int4 at group 128 with bf16 scales (GPTQ attention).
+// Weights flushed from every cache level before each call (decode reads them from DRAM).
+struct DenseShape {
+  const char* name;
+  int64_t rows, cols;
+};
+constexpr DenseShape kDense[] = {{"gpt-oss.qkv", 5120, 2880},
+                                 {"gpt-oss.o", 2880, 4096},
+                                 {"gpt-oss.head", 201088, 2880},
+                                 {"qwen3.head", 151936, 2048}};
+
+const PackedWeights& dense_layer(size_t shape, bool int8) {
+  static std::map<std::pair<size_t, bool>, PackedWeights> layers;
+  auto it = layers.find({shape, int8});
+  if (it != layers.end()) return it->second;
+  const DenseShape& d = kDense[shape];
+  const auto n = static_cast<size_t>(d.rows), k = static_cast<size_t>(d.cols);
+  PackOptions po;
+  PackedWeights packed;
+  if (int8) {
+    std::vector<int8_t> w(n * k);
+    for (size_t i = 0; i < w.size(); ++i)
+      w[i] = static_cast<int8_t>((i * 2654435761u >> 13) % 255 - 127);
+    const std::vector<float> s(n, 1.0f / 2048);
+    po.weight_format = WeightFormat::int8;
+    packed = pack_linear(TensorView::of(w.data(), DType::i8, {d.rows, d.cols}),
+                         TensorView::of(s.data(), DType::f32, {d.rows}), {}, {}, po);
+  } else {
+    std::vector<uint8_t> w(n * k / 2);
+    for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<uint8_t>(i * 2654435761u >> 11);
+    const std::vector<float> s(n * k / 128, 1.0f / 64);
+    po.group_size = 128;
+    po.scale_storage = ScaleStorage::bf16;
+    packed = pack_linear(TensorView::of(w.data(), DType::u8, {d.rows, d.cols / 2}),
+                         TensorView::of(s.data(), DType::f32, {d.rows, d.cols / 128}), {}, {}, po);
+  }
+  return layers.emplace(std::pair{shape, int8}, std::move(packed)).first->second;
+}
+
+// Arguments: the shape (kDense), tokens, int8 (1) or int4 g128 (0).
+void BM_Linear(benchmark::State& state) {
+  const auto shape = static_cast<size_t>(state.range(0));
+  const int64_t T = state.range(1);
+  const PackedWeights& w = dense_layer(shape, state.range(2) != 0);
+  const DenseShape& d = kDense[shape];
+  Context ctx(0);
+  const std::vector<float> x = cli::make_activations(T, d.cols, 7);
+  std::vector<float> out(static_cast<size_t>(T * d.rows));
+  double seconds = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    cli::flush_from_caches(w.bytes().data(), w.size());
+    state.ResumeTiming();
+    const auto t0 = std::chrono::steady_clock::now();
+    linear(ctx, TensorView::of(x.data(), DType::f32, {T, d.cols}), w.bytes(),
+           MutableTensorView::of(out.data(), DType::f32, {T, d.rows}));
+    seconds += seconds_since(t0);
+  }
+  const auto it = static_cast<double>(state.iterations());
+  const double bytes = it * static_cast<double>(w.size());
+  const double macs = it * static_cast<double>(T * d.rows * d.cols);
+  state.counters["weight_bytes_per_s"] = benchmark::Counter(bytes, benchmark::Counter::kIsRate);
+  state.counters["mac_per_s"] = benchmark::Counter(macs, benchmark::Counter::kIsRate);
+  state.counters["of_bandwidth"] = fraction_of(bytes, seconds, limits().bandwidth);
+  state.counters["of_mac_peak"] =
+      fraction_of(macs, seconds, limits().peak[active_kernel_set()].second);
+  state.SetLabel(std::string(d.name) + " " + w.info().layout);
+}
+BENCHMARK(BM_Linear)
+    ->ArgsProduct({{0, 1, 2, 3}, {1, 8, 32}, {1}})
+    ->ArgsProduct({{0, 1}, {1, 8, 32}, {0}})
+    ->ArgNames({"shape", "tokens", "int8"})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
 // Reading a decode step's worth of weights (21 MB, Qwen3-30B-A3B at one token) cold on every
 // hardware thread, with nothing else to do, in the access patterns a forward's tasks can have
 // (docs/performance.md, "Decode: where the time goes"): 0, each thread one contiguous share;

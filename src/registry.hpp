@@ -25,6 +25,9 @@ using ThreadHook = void (*)();
 struct KernelSet {
   const char* name;  // also the ISA cap level: "scalar", "avx2", "avx512vnni", ...
   LayoutId layout;
+  // The layout of a linear layer's int8 weights: `layout` (two int4 planes, Geometry::int8_cols)
+  // or a layout of bytes its GEMM reads as well (LayoutInfo::int8_bytes).
+  LayoutId int8_layout;
   int64_t tile_m;    // activation rows per GEMM call at most (<= kMaxTileM)
   bool group_terms;  // the quantizer writes QuantRow::group_terms after the row
   // int4_zero_point: the GEMM multiplies the offset nibbles w + 8 as int4's and starts each
@@ -46,6 +49,11 @@ struct KernelSet {
   bool model_only = false;
 
   bool usable(const CpuFeatures& f) const { return cpu_has(f, isa); }
+  // The layout this set packs weights of `format` in.
+  LayoutId layout_for(WeightFormat format) const {
+    return format == WeightFormat::int8 ? int8_layout : layout;
+  }
+  bool reads(LayoutId l) const { return l == layout || l == int8_layout; }
   // The offset of the weights this set's GEMM multiplies for packed weights g: the quantizer's
   // group terms for rows meeting them are -offset * SUM q (QuantizeArgs::group_term_offset).
   int32_t group_term_offset(const Geometry& g) const {

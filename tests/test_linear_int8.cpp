@@ -103,6 +103,19 @@ w4a8moe::PackOptions int8_options(int group_size = -1) {
   return opt;
 }
 
+// The packed size of an int8 layer of N x K in layout qu8_p16k4, scales of `sbytes` bytes, no
+// bias: panels of 16 rows, each 16 K weight bytes, 16 scales and 16 int32 sums (each section
+// 16-byte aligned, the record 64-byte aligned), after the 128-byte header.
+size_t bytes_layout_size(int64_t N, int64_t K, int64_t sbytes) {
+  const auto a16 = [](int64_t v) { return (v + 15) / 16 * 16; };
+  const int64_t record = (a16(a16(16 * K) + 16 * sbytes) + 64 + 63) / 64 * 64;
+  return static_cast<size_t>(128 + (N + 15) / 16 * record);
+}
+
+bool bytes_layout(const w4a8moe::PackedWeights& packed) {
+  return packed.info().layout == "qu8_p16k4";
+}
+
 w4a8moe::PackedWeights pack_int8(const Int8Case& c, int group_size = -1) {
   const Int8Spec& s = c.spec;
   return w4a8moe::pack_linear(
@@ -225,6 +238,28 @@ TEST(LinearInt8, HeaderSaysInt8) {
   EXPECT_EQ(0, std::memcmp(by_k.bytes().data(), packed.bytes().data(), packed.size()));
 }
 
+// The largest K with the int32 sums at their bounds: rows of x constant (every q 127, or every
+// q -128) against weight rows all 127, all -128 and alternating, scales making outputs of order
+// one. As bytes, SUM (w + 128) q reaches 255 * 127 * 2^15 and the row's term 128 * 128 * 2^15.
+TEST(LinearInt8, LargestKSumsStayExact) {
+  const int64_t T = 2, N = 4, K = w4a8moe::detail::kMaxInt8Cols;
+  Int8Case c = make_int8_case({"largest_k", T, N, K});
+  std::vector<float> x(static_cast<size_t>(T * K), 0.75f);
+  std::fill(x.begin() + K, x.end(), -0.75f);
+  c.x = moe_test::make_float_tensor(x, DType::f32);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k)
+      c.w[static_cast<size_t>(n * K + k)] = static_cast<int8_t>(n == 0   ? 127
+                                                                : n == 1 ? -128
+                                                                : n == 2 ? (k % 2 == 0 ? 127 : -128)
+                                                                         : -127);
+  const std::vector<float> scale(static_cast<size_t>(N),
+                                 static_cast<float>(1.0 / (0.75 * 128.0 * static_cast<double>(K))));
+  c.scale = moe_test::make_float_tensor(scale, DType::f32);
+  const w4a8moe::PackedWeights packed = pack_int8(c);
+  EXPECT_TRUE(matches(c, run(c, packed.bytes(), shared_context()), reference(c, c.w)));
+}
+
 // A header relabelled (its checksum made valid again) is refused, not misread.
 TEST(LinearInt8, DamagedHeaderRefused) {
   const Int8Case c = make_int8_case({"damage", 1, 40, 256});
@@ -240,8 +275,14 @@ TEST(LinearInt8, DamagedHeaderRefused) {
   };
   const std::vector<uint8_t> as_zero_points =
       relabelled([](w4a8moe::detail::PackedHeader& h) { h.weight_format = 1; });
-  EXPECT_TRUE(throws_error([&] { w4a8moe::inspect_packed(as_zero_points, "w_packed"); },
-                           {"w_packed", "sizes do not match"}));
+  if (bytes_layout(packed)) {
+    EXPECT_TRUE(throws_error(
+        [&] { w4a8moe::inspect_packed(as_zero_points, "w_packed"); },
+        {"w_packed: expected int8 weights for layout qu8_p16k4", "got int4_zero_point weights"}));
+  } else {
+    EXPECT_TRUE(throws_error([&] { w4a8moe::inspect_packed(as_zero_points, "w_packed"); },
+                             {"w_packed", "sizes do not match"}));
+  }
   const std::vector<uint8_t> grouped =
       relabelled([](w4a8moe::detail::PackedHeader& h) { h.group_size = 256; });
   EXPECT_TRUE(
@@ -338,16 +379,54 @@ TEST_F(LinearInt8Input, PackChecksEachArgument) {
   EXPECT_TRUE(throws_error(
       [&] { w4a8moe::pack_linear(w(), s(), TensorView::of(zp.data(), DType::i8, {64}), {}, opt); },
       {"w_zero_point: expected no zero points for int8 weights"}));
-  // 16 s, the high nibbles' scale, must fit the scale dtype: f16 holds up to 65504
+  // as two int4 planes, 16 s (the high nibbles' scale) must fit the scale dtype: f16 holds up
+  // to 65504; as bytes, s itself is stored
   std::vector<float> big(64, 1.0f);
   big[9] = 5000.0f;
   const moe_test::FloatTensor big16 = moe_test::make_float_tensor(big, DType::f16);
-  EXPECT_TRUE(throws_error(
-      [&] {
-        w4a8moe::pack_linear(w(), TensorView::of(big16.bytes.data(), DType::f16, {64}), {}, {},
-                             opt);
-      },
-      {"w_scale: expected scales s whose 16 s", "f16", "5000 at [9]"}));
+  const auto pack_big = [&] {
+    return w4a8moe::pack_linear(w(), TensorView::of(big16.bytes.data(), DType::f16, {64}), {}, {},
+                                opt);
+  };
+  if (w4a8moe::active_kernel_set() == "avx512vnni") {
+    EXPECT_EQ(pack_big().info().layout, "qu8_p16k4");
+  } else {
+    EXPECT_TRUE(
+        throws_error(pack_big, {"w_scale: expected scales s whose 16 s", "f16", "5000 at [9]"}));
+  }
+}
+
+// Each set packs int8 weights in its own int8 layout (AVX-512 VNNI: bytes, qu8_p16k4; the
+// others: two int4 planes in the set's layout), which linear() runs on the same set.
+TEST(LinearInt8, LayoutOfTheActiveSet) {
+  const Int8Case c = make_int8_case({"layout", 1, 16, 64});
+  const w4a8moe::PackedWeights packed = pack_int8(c);
+  const std::string set = w4a8moe::active_kernel_set();
+  const bool bytes = set == "avx512vnni";
+  EXPECT_EQ(bytes_layout(packed), bytes) << set << " packed layout " << packed.info().layout;
+  EXPECT_EQ(w4a8moe::kernel_set_for_layout(packed.info().layout), set);
+  if (bytes) {
+    EXPECT_EQ(packed.size(), bytes_layout_size(16, 64, 4));
+  }
+}
+
+// A buffer of int8 bytes under an ISA cap whose sets do not read them: refused by name.
+TEST(LinearInt8, BytesLayoutRefusedBelowItsSet) {
+  const std::vector<std::string> sets = w4a8moe::available_kernel_sets();
+  const std::string active = w4a8moe::active_kernel_set();
+  if (std::find(sets.begin(), sets.end(), "avx512vnni") == sets.end() || active == "avx512vnni" ||
+      active == "amx" || active == "amxemu")
+    GTEST_SKIP() << "needs a cap below avx512vnni on a CPU with it (active: " << active << ")";
+  const Int8Case c = make_int8_case({"capped", 2, 16, 64});
+  w4a8moe::PackOptions opt = int8_options();
+  opt.kernel_set = "avx512vnni";
+  const w4a8moe::PackedWeights packed =
+      w4a8moe::pack_linear(TensorView::of(c.w.data(), DType::i8, {16, 64}),
+                           TensorView::of(c.scale.bytes.data(), DType::f32, {16}), {}, {}, opt);
+  ASSERT_EQ(packed.info().layout, "qu8_p16k4");
+  EXPECT_TRUE(throws_error([&] { (void)run(c, packed.bytes(), shared_context()); },
+                           {"w_packed: the packed layout qu8_p16k4 has no kernel set usable",
+                            "repack the weights for this machine"}));
 }
 
 TEST_F(LinearInt8Input, LinearTakesKColumns) {

@@ -63,8 +63,8 @@ Support is_supported_config(const MoeConfig& c) noexcept {
 
 std::string kernel_set_for_layout(std::string_view layout) {
   for (const detail::KernelSet& k : detail::kernel_table())
-    if (layout == detail::layout_name(k.layout))
-      return detail::set_for_layout(k.layout, "layout").name;
+    for (const detail::LayoutId id : {k.layout, k.int8_layout})
+      if (layout == detail::layout_name(id)) return detail::set_for_layout(id, "layout").name;
   throw Error(
       detail::cat("layout: expected the layout of a kernel set of this build, got '", layout, "'"));
 }

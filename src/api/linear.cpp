@@ -7,9 +7,10 @@
 // A row's result does not depend on the rows beside it (the kernel contract), so out is
 // bit-identical for any thread count. Two runs rather than a barrier: the same code runs on a
 // caller's executor, whose tasks may run one after another.
-// int8 weights are packed as two int4 planes of K inputs (Geometry::int8_cols), which the GEMM
-// reads as one int4 layer with zero points of 2K inputs: each row of x is quantized as the row
-// [x, x] (quantize_twice).
+// int8 weights are packed as bytes where the kernel set has a layout of them (LayoutInfo::
+// int8_bytes), each row of x quantized as for any layer; else as two int4 planes of K inputs
+// (Geometry::int8_cols), which the GEMM reads as one int4 layer with zero points of 2K inputs:
+// each row of x is then quantized as the row [x, x] (quantize_twice).
 #include <algorithm>
 #include <cstring>
 
@@ -119,7 +120,7 @@ struct QuantizeRun {
     float* row = j.thread_buf + static_cast<size_t>(tid) * j.thread_floats;
     for (int64_t r = tid; r < j.tokens; r += threads) {
       uint8_t* dst = j.qx + static_cast<size_t>(r) * j.qrow_stride;
-      if (j.g->int8())
+      if (j.g->int8_planes())
         quantize_twice(*j.set, *j.x, j.t0 + r, row, *j.g, dst, &j.rows[r]);
       else
         quantize_input_row(*j.set, *j.x, j.t0 + r, false, 1.0f, row, j.g->cols_padded,

@@ -54,7 +54,7 @@ int64_t source_row(const PackJob& job, int64_t n) {
 void read_row(const PackJob& job, int64_t e, int64_t n, int8_t* dst, uint8_t* codes) {
   const int64_t src_row = source_row(job, n);
   const int64_t cols = job.in.cols;
-  if (job.g.int8()) {
+  if (job.g.int8_planes()) {
     // Two int4 planes of K (Geometry::int8_cols): h = w >> 4 (arithmetic) in [-8, 7], then
     // l - 8 with l = w & 15 in [0, 15]. Every int8 w is 16 h + l (two's complement). With zero
     // points 0 and -8 (read_zero_point) the sums multiply w - z = h and l, with scales 16 s and
@@ -66,6 +66,11 @@ void read_row(const PackJob& job, int64_t e, int64_t n, int8_t* dst, uint8_t* co
       dst[cols + k] = static_cast<int8_t>((src[k] & 15) - 8);
     }
     return;  // 2K = cols_padded (K is a multiple of 32)
+  }
+  if (job.g.weight_format == WeightFormat::int8) {  // as bytes: the values themselves
+    const auto* src = static_cast<const int8_t*>(job.w->data) + (e * job.in.rows + src_row) * cols;
+    std::copy(src, src + cols, dst);
+    return;  // K = cols_padded (a multiple of 32)
   }
   if (job.g.weight_format == WeightFormat::mxfp4) {
     const auto* src =
@@ -98,13 +103,15 @@ void read_row(const PackJob& job, int64_t e, int64_t n, int8_t* dst, uint8_t* co
 }
 
 // The nibble stored for each element of a row: int4 (either kind), two's complement
-// (qs4_b32_rowmajor) or w + 8 (the other layouts); mxfp4, its code in every layout.
+// (qs4_b32_rowmajor) or w + 8 (the other layouts); mxfp4, its code in every layout; int8 in a
+// layout of bytes, the byte w + 128.
 void stored_nibbles(const Geometry& g, const LayoutInfo& info, const int8_t* v,
                     const uint8_t* codes, uint8_t* nib) {
   for (int64_t k = 0; k < g.cols_padded; ++k)
-    nib[k] = g.weight_format == WeightFormat::mxfp4 ? codes[k]
-             : info.offset_nibbles                  ? static_cast<uint8_t>(v[k] + 8)
-                                                    : static_cast<uint8_t>(v[k] & 0x0f);
+    nib[k] = info.int8_bytes                          ? static_cast<uint8_t>(v[k] + kInt8Offset)
+             : g.weight_format == WeightFormat::mxfp4 ? codes[k]
+             : info.offset_nibbles                    ? static_cast<uint8_t>(v[k] + 8)
+                                                      : static_cast<uint8_t>(v[k] & 0x0f);
 }
 
 // Writes stored row pr's nibbles in the layout's order into its panel record.
@@ -119,6 +126,11 @@ void write_weights(const Geometry& g, const LayoutInfo& info, int64_t pr, const 
     // block byte i = element i (low nibble) | element i + 16 (high nibble)
     for (int64_t b = 0; b < g.cols_padded / kBlock; ++b)
       for (int i = 0; i < 16; ++i) panel[b * 16 + i] = pair(b * kBlock + i, b * kBlock + i + 16);
+    return;
+  }
+  if (g.layout == LayoutId::qu8_p16k4) {  // bytes: chunk of 4 columns = 4P bytes
+    for (int64_t c = 0; c < g.cols_padded / 4; ++c)
+      for (int j = 0; j < 4; ++j) panel[c * 4 * P + 4 * r + j] = nib[4 * c + j];
     return;
   }
   if (g.layout == LayoutId::qu4_p8k16) {  // Arm i8mm: row pairs, 16-column chunks
@@ -157,7 +169,7 @@ float store_int8_scale(const PackJob& job, int64_t e, int64_t src_row, int64_t b
 // bf16 from the exponent e (exact: bf16 has f32's exponent range, denormals included).
 float store_scale(const PackJob& job, int64_t e, int64_t src_row, int64_t b, uint8_t* sdst) {
   const Geometry& g = job.g;
-  if (g.int8()) return store_int8_scale(job, e, src_row, b, sdst);
+  if (g.int8_planes()) return store_int8_scale(job, e, src_row, b, sdst);
   const int64_t src_index = (e * job.in.rows + src_row) * g.groups + b;
   const size_t sbytes = dtype_bytes(g.scale_dtype);
   if (g.weight_format == WeightFormat::mxfp4) {
@@ -181,7 +193,7 @@ float store_scale(const PackJob& job, int64_t e, int64_t src_row, int64_t b, uin
 
 // The zero point of group b as given, checked: an int4 value in [-8, 7].
 int8_t read_zero_point(const PackJob& job, int64_t e, int64_t src_row, int64_t b) {
-  if (job.g.int8()) return b == 0 ? int8_t{0} : int8_t{-8};  // the planes of read_row
+  if (job.g.int8_planes()) return b == 0 ? int8_t{0} : int8_t{-8};  // the planes of read_row
   const int8_t z = static_cast<const int8_t*>(
       job.zero_point->data)[(e * job.in.rows + src_row) * job.g.groups + b];
   if (z < -8 || z > 7)
@@ -293,10 +305,12 @@ PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale
   const KernelSet& set = options.kernel_set.empty()
                              ? active_set()
                              : set_by_name(options.kernel_set, "PackOptions::kernel_set");
-  // int8: check_weight_input took the group size -1 or K; the geometry's is K, the header's -1
-  job.g = make_geometry(set.layout, role, selected_experts(options, job.in.experts), job.in.rows,
-                        job.in.cols, options.group_size, scale_dtype, !bias.empty(),
-                        options.weight_format, w_name, !options.input_order.empty());
+  // int8: check_weight_input took the group size -1 or K (the planes' geometry has K, the header
+  // -1)
+  job.g = make_geometry(set.layout_for(options.weight_format), role,
+                        selected_experts(options, job.in.experts), job.in.rows, job.in.cols,
+                        options.group_size, scale_dtype, !bias.empty(), options.weight_format,
+                        w_name, !options.input_order.empty());
 
   if (job.g.total_bytes > options.memory_limit)  // refuse before allocating
     throw Error(cat(w_name, ": the packed buffer needs ", job.g.total_bytes,
@@ -350,9 +364,9 @@ size_t packed_size(WeightRole role, int64_t experts, int64_t rows, int64_t cols,
                                      ? detail::active_set()
                                      : detail::set_by_name(options.kernel_set, "kernel_set");
   experts = detail::selected_experts(options, experts);  // with the packer's checks
-  return detail::make_geometry(set.layout, role, experts, rows, cols, options.group_size, stored,
-                               has_bias, options.weight_format, argument,
-                               !options.input_order.empty())
+  return detail::make_geometry(set.layout_for(options.weight_format), role, experts, rows, cols,
+                               options.group_size, stored, has_bias, options.weight_format,
+                               argument, !options.input_order.empty())
       .total_bytes;
 }
 

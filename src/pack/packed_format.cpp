@@ -13,10 +13,11 @@ namespace w4a8moe::detail {
 namespace {
 
 constexpr LayoutInfo kLayouts[] = {
-    {LayoutId::qs4_b32_rowmajor, "qs4_b32_rowmajor", 1, false},
-    {LayoutId::qu4_p16k8, "qu4_p16k8", 16, true},
-    {LayoutId::qu4_p8k8, "qu4_p8k8", 8, true},
-    {LayoutId::qu4_p8k16, "qu4_p8k16", 8, true},  // Arm i8mm
+    {LayoutId::qs4_b32_rowmajor, "qs4_b32_rowmajor", 1, false, false},
+    {LayoutId::qu4_p16k8, "qu4_p16k8", 16, true, false},
+    {LayoutId::qu4_p8k8, "qu4_p8k8", 8, true, false},
+    {LayoutId::qu4_p8k16, "qu4_p8k16", 8, true, false},   // Arm i8mm
+    {LayoutId::qu8_p16k4, "qu8_p16k4", 16, false, true},  // int8 bytes (AVX-512 VNNI)
 };
 
 }  // namespace
@@ -38,53 +39,12 @@ const char* layout_name(LayoutId id) noexcept {
 
 static size_t align_up(size_t v) { return checked_add(v, kAlign - 1) / kAlign * kAlign; }
 
-Geometry make_geometry(LayoutId layout, WeightRole role, int64_t experts, int64_t rows,
-                       int64_t cols, int group_size, DType scale_dtype, bool has_bias,
-                       WeightFormat weight_format, std::string_view argument,
-                       bool has_input_order) {
-  if (weight_format == WeightFormat::int8) {
-    // Two int4 planes of K inputs each (Geometry::int8_cols; docs/packed-format.md, "Weight
-    // formats in the records").
-    if (role != WeightRole::w2 || experts != 1)
-      throw Error(cat(argument,
-                      ": expected one expert of role w2 for int8 weights (a linear layer's "
-                      "format), got ",
-                      experts, " expert(s) of role ", role == WeightRole::w13 ? "w13" : "w2"));
-    if (cols < 1 || cols % kBlock != 0 || cols > kMaxInt8Cols)
-      throw Error(
-          cat(argument, ": expected an input dimension K that is a multiple of ", kBlock, " in [",
-              kBlock, ", ", kMaxInt8Cols,
-              "] for int8 weights (two int4 planes of K, int32 accumulators), got K = ", cols));
-    if (group_size != -1 && group_size != cols)
-      throw Error(cat(argument, ": expected group size -1 or K (", cols,
-                      ") for int8 weights (one scale per output row), got ", group_size));
-    Geometry g =
-        make_geometry(layout, role, experts, rows, 2 * cols, static_cast<int>(cols), scale_dtype,
-                      has_bias, WeightFormat::int4_zero_point, argument, has_input_order);
-    g.int8_cols = cols;
-    return g;
-  }
-  const int64_t u32max = std::numeric_limits<uint32_t>::max();
-  if (experts < 1 || experts > u32max || rows < 1 || rows > u32max || cols < 1 || cols > u32max)
-    throw Error(cat(argument, ": expected experts, rows and columns in [1, 2^32), got ", experts,
-                    " x ", rows, " x ", cols));
-  if (cols > kMaxCols)
-    throw Error(cat(argument, ": expected at most ", kMaxCols,
-                    " input columns (int32 accumulators), got ", cols));
-  if (!group_size_fits(group_size, cols))
-    throw Error(cat(
-        argument, ": expected group size -1 or a multiple of 32 that divides the input dimension ",
-        cols, ", got ", group_size));
-  if (!is_float_dtype(scale_dtype))
-    throw Error(
-        cat(argument, ": expected scale dtype f32, bf16 or f16, got ", dtype_name(scale_dtype)));
-  if (has_input_order && role != WeightRole::w13)
-    throw Error(cat(argument, ": an input order is w13's only (w2's inputs are w13's rows)"));
-  if (role == WeightRole::w13 && !is_valid_w13_rows(rows))
-    throw Error(cat(argument, ": expected an even number of rows (gate and up, 2I), got ", rows));
-  const LayoutInfo& info = layout_info(static_cast<uint32_t>(layout), argument);
+// The geometry of checked dimensions in layout `info`.
+static Geometry layer_geometry(const LayoutInfo& info, WeightRole role, int64_t experts,
+                               int64_t rows, int64_t cols, int group_size, DType scale_dtype,
+                               bool has_bias, WeightFormat weight_format, bool has_input_order) {
   Geometry g;
-  g.layout = layout;
+  g.layout = info.id;
   g.role = role;
   g.experts = experts;
   g.rows = rows;
@@ -101,7 +61,7 @@ Geometry make_geometry(LayoutId layout, WeightRole role, int64_t experts, int64_
   g.scale_dtype = scale_dtype;
   g.has_bias = has_bias;
   g.weight_format = weight_format;
-  g.row_weight_bytes = g.cols_padded / 2;
+  g.row_weight_bytes = info.int8_bytes ? g.cols_padded : g.cols_padded / 2;
 
   g.block_rows = kBlockRows;
   g.panels = g.rows_padded / g.panel;
@@ -127,6 +87,61 @@ Geometry make_geometry(LayoutId layout, WeightRole role, int64_t experts, int64_
   g.total_bytes =
       checked_add(kHeaderBytes, checked_mul(static_cast<size_t>(experts), g.expert_bytes));
   return g;
+}
+
+Geometry make_geometry(LayoutId layout, WeightRole role, int64_t experts, int64_t rows,
+                       int64_t cols, int group_size, DType scale_dtype, bool has_bias,
+                       WeightFormat weight_format, std::string_view argument,
+                       bool has_input_order) {
+  const LayoutInfo& info = layout_info(static_cast<uint32_t>(layout), argument);
+  if (info.int8_bytes && weight_format != WeightFormat::int8)
+    throw Error(cat(argument, ": expected int8 weights for layout ", info.name,
+                    " (a layout of int8 bytes), got ", weight_format_name(weight_format),
+                    " weights"));
+  if (weight_format == WeightFormat::int8) {
+    // As bytes, or as two int4 planes of K inputs each in a layout of nibbles
+    // (Geometry::int8_cols; docs/packed-format.md, "Weight formats in the records").
+    if (role != WeightRole::w2 || experts != 1)
+      throw Error(cat(argument,
+                      ": expected one expert of role w2 for int8 weights (a linear layer's "
+                      "format), got ",
+                      experts, " expert(s) of role ", role == WeightRole::w13 ? "w13" : "w2"));
+    if (cols < 1 || cols % kBlock != 0 || cols > kMaxInt8Cols)
+      throw Error(cat(argument, ": expected an input dimension K that is a multiple of ", kBlock,
+                      " in [", kBlock, ", ", kMaxInt8Cols,
+                      "] for int8 weights (int32 accumulators), got K = ", cols));
+    if (group_size != -1 && group_size != cols)
+      throw Error(cat(argument, ": expected group size -1 or K (", cols,
+                      ") for int8 weights (one scale per output row), got ", group_size));
+    if (!info.int8_bytes) {
+      Geometry g =
+          make_geometry(layout, role, experts, rows, 2 * cols, static_cast<int>(cols), scale_dtype,
+                        has_bias, WeightFormat::int4_zero_point, argument, has_input_order);
+      g.int8_cols = cols;
+      return g;
+    }
+    group_size = -1;  // as bytes: the layer's own geometry, one scale per row
+  }
+  const int64_t u32max = std::numeric_limits<uint32_t>::max();
+  if (experts < 1 || experts > u32max || rows < 1 || rows > u32max || cols < 1 || cols > u32max)
+    throw Error(cat(argument, ": expected experts, rows and columns in [1, 2^32), got ", experts,
+                    " x ", rows, " x ", cols));
+  if (cols > kMaxCols)
+    throw Error(cat(argument, ": expected at most ", kMaxCols,
+                    " input columns (int32 accumulators), got ", cols));
+  if (!group_size_fits(group_size, cols))
+    throw Error(cat(
+        argument, ": expected group size -1 or a multiple of 32 that divides the input dimension ",
+        cols, ", got ", group_size));
+  if (!is_float_dtype(scale_dtype))
+    throw Error(
+        cat(argument, ": expected scale dtype f32, bf16 or f16, got ", dtype_name(scale_dtype)));
+  if (has_input_order && role != WeightRole::w13)
+    throw Error(cat(argument, ": an input order is w13's only (w2's inputs are w13's rows)"));
+  if (role == WeightRole::w13 && !is_valid_w13_rows(rows))
+    throw Error(cat(argument, ": expected an even number of rows (gate and up, 2I), got ", rows));
+  return layer_geometry(info, role, experts, rows, cols, group_size, scale_dtype, has_bias,
+                        weight_format, has_input_order);
 }
 
 uint64_t header_checksum(const PackedHeader& header) noexcept {

@@ -45,8 +45,12 @@ inline constexpr int64_t kBlock = kGroupBlock;  // K granularity of every layout
 // Largest input dimension: keeps every int32 sum exact in all kernels (|u * q| <= 30 * 128 =
 // 3840 per element for the unsigned weights u of any format, and 2^16 * 3840 < 2^31).
 inline constexpr int64_t kMaxCols = int64_t{1} << 16;
-// int8 weights take two int4 inputs per input (Geometry::int8_cols).
+// int8 weights: two int4 inputs per input in the layouts of int4 nibbles (Geometry::int8_cols);
+// in a layout of bytes, |(w + 128) * q| <= 255 * 128 per element and the rows' terms 128 SUM q:
+// 2^15 * (255 + 128) * 128 < 2^31 as well.
 inline constexpr int64_t kMaxInt8Cols = kMaxCols / 2;
+// The offset that makes int8 weights unsigned in the layouts of bytes: w + 128 in [0, 255].
+inline constexpr int32_t kInt8Offset = 128;
 
 // MXFP4: 2 * e2m1(code) for each 4-bit code (bit 3 the sign), an integer in [-12, 12].
 inline constexpr int8_t kMxfp4Doubled[16] = {0, 1,  2,  3,  4,  6,  8,  12,
@@ -76,6 +80,10 @@ enum class LayoutId : uint32_t {
   // per row pair (2i, 2i+1): byte 8 * r + j (r = 0, 1) holds w[2i + r][k0 + j] + 8 (low nibble)
   // and w[2i + r][k0 + 8 + j] + 8 (high nibble): each nibble half is a 2x8 `smmla` operand.
   qu4_p8k16 = 16,  // P = 8 (neoni8mm)
+  // int8 weights (a linear layer's format) as bytes. Panels of 16 rows; per 4 input columns
+  // k0..k0+3 one chunk of 64 bytes; row r of the panel owns bytes 4r..4r+3, byte j holding
+  // w[k0 + j] + 128 (kInt8Offset): one `vpdpbusd` operand per chunk, no unpacking (AVX-512 VNNI).
+  qu8_p16k4 = 17,
 };
 
 struct LayoutInfo {
@@ -83,6 +91,7 @@ struct LayoutInfo {
   const char* name;
   int64_t panel;        // P
   bool offset_nibbles;  // nibbles hold w + 8 (else two's complement)
+  bool int8_bytes;      // int8 weights only, one byte each (else 4-bit values, two a byte)
 };
 
 // The layout's description; throws Error naming `argument` if unknown.
@@ -137,11 +146,13 @@ struct Geometry {
   // whose value kernels take from kMxfp4Doubled (kMxfp4Offset more in the layouts of offset
   // nibbles), with scales 2^(e - 128).
   WeightFormat weight_format = WeightFormat::int4_symmetric;
-  // int8 (a linear layer's format): the layer's K, and everything else above is the geometry of
-  // the int4 layer with zero points the kernels read: 2K inputs (cols), two groups of K
-  // (group_size K), the high nibbles w >> 4 with zero point 0 and scale 16 s, then the low
-  // nibbles (w & 15) - 8 with zero point -8 and scale s. The header records the layer: K,
-  // group size -1, format int8. 0 for the other formats.
+  // int8 (a linear layer's format) in a layout of nibbles: the layer's K, and everything else
+  // above is the geometry of the int4 layer with zero points the kernels read: 2K inputs
+  // (cols), two groups of K (group_size K), the high nibbles w >> 4 with zero point 0 and scale
+  // 16 s, then the low nibbles (w & 15) - 8 with zero point -8 and scale s ("the planes"). The
+  // header records the layer: K, group size -1, format int8. 0 for the other formats, and for
+  // int8 in a layout of bytes (LayoutInfo::int8_bytes), whose geometry is the layer's own:
+  // weight_format int8, K columns, channelwise.
   int64_t int8_cols = 0;
   bool has_bias = false;
   // w13 with an input order: after the panel records, int32 [cols] per expert, the input that
@@ -160,10 +171,12 @@ struct Geometry {
   size_t total_bytes = 0;
 
   bool channelwise() const noexcept { return group_size < 0; }
-  bool int8() const noexcept { return int8_cols != 0; }
+  // A linear layer's int8 weights, in either form; int8_planes(): as two int4 planes.
+  bool int8() const noexcept { return int8_planes() || weight_format == WeightFormat::int8; }
+  bool int8_planes() const noexcept { return int8_cols != 0; }
   // The layer as the header records it and inspect_packed() reports it: x's columns, the group
   // size and the format the caller gave.
-  int64_t layer_cols() const noexcept { return int8() ? int8_cols : cols; }
+  int64_t layer_cols() const noexcept { return int8_planes() ? int8_cols : cols; }
   int layer_group_size() const noexcept { return int8() ? -1 : group_size; }
   WeightFormat layer_format() const noexcept { return int8() ? WeightFormat::int8 : weight_format; }
   // The offset of the unsigned weights the kernels of offset layouts multiply: the quantizer's
@@ -172,6 +185,7 @@ struct Geometry {
   int32_t group_term_offset() const noexcept {
     return weight_format == WeightFormat::mxfp4             ? kMxfp4Offset
            : weight_format == WeightFormat::int4_zero_point ? kZeroPointOffset
+           : weight_format == WeightFormat::int8            ? kInt8Offset
                                                             : 8;
   }
   bool has_zeros() const noexcept { return weight_format == WeightFormat::int4_zero_point; }
@@ -217,7 +231,9 @@ struct Geometry {
 
 // Throws Error (naming `argument`) when the sizes overflow or the group size does not fit, or
 // for an input order of w2. WeightFormat::int8 takes the layer's K and group size -1 or K, one
-// expert of role w2, and returns the geometry of its two int4 planes (Geometry::int8_cols).
+// expert of role w2, and returns the geometry of its two int4 planes (Geometry::int8_cols) in a
+// layout of nibbles, its own in a layout of bytes (LayoutInfo::int8_bytes), which takes int8
+// weights only.
 Geometry make_geometry(LayoutId layout, WeightRole role, int64_t experts, int64_t rows,
                        int64_t cols, int group_size, DType scale_dtype, bool has_bias,
                        WeightFormat weight_format, std::string_view argument,

@@ -1,5 +1,6 @@
 // Kernel set "avx512vnni": int8 activations (s8) times offset int4 weights (w + 8, u8) with zmm
-// `vpdpbusd`, on layout qu4_p16k8 (panels of 16 rows, one output row per int32 lane).
+// `vpdpbusd`, on layout qu4_p16k8 (panels of 16 rows, one output row per int32 lane), and int8
+// weights as bytes (w + 128, u8) on layout qu8_p16k4.
 #pragma once
 
 #include "kernels/kernel.hpp"

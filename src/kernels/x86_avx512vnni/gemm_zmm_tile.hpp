@@ -6,6 +6,8 @@
 // k0+4..k0+7, each multiplied by 4 broadcast s8 activations with `vpdpbusd`. Every unpacked
 // register serves M rows. Per scale group: int32 sums start at the row's group term
 // (-8 * SUM q), are converted once and multiplied into f32 accumulators by the 16 row scales.
+// int8 weights in layout qu8_p16k4 (a linear layer's) take the same tile: two 64-byte loads per
+// 8 columns are the u8 weights w + 128 themselves, channelwise, from terms -128 * SUM q.
 //
 // Port budget on Intel cores (measured: every 512-bit op here issues on ports 0 and 5, two per
 // cycle; `vpsrlw` and `vcvtdq2ps` on port 0 only): per group of 32 columns and M rows, 8M
@@ -41,7 +43,8 @@ constexpr int64_t kPanel = 16;
 // `vpshufb` after the mask (any AVX-512 VNNI CPU), or by `vpermb` (AVX-512 VBMI), which reads only
 // 6 index bits and so needs no mask: the table repeated over 64 bytes gives the same instruction
 // count as int4.
-enum class Decode { int4, int4_zero_point, mxfp4_shuffle, mxfp4_permute };
+// int8: bytes w + 128 as stored (layout qu8_p16k4), no decoding.
+enum class Decode { int4, int4_zero_point, mxfp4_shuffle, mxfp4_permute, int8 };
 
 // kMxfp4Unsigned in each 128-bit lane (as `vpshufb` reads its table), and so in all 64 bytes.
 alignas(64) constexpr auto kMxfp4Lanes = [] {
@@ -69,6 +72,8 @@ void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
   const uint8_t* w = g.panel_at(args.expert, first_panel);
   const auto scales = static_cast<int64_t>(g.panel_scales_offset);  // from a record
   const int64_t chunks_per_group = kChunks > 0 ? kChunks : g.group_len / 8;
+  // bytes of one panel's 8 columns: 16 rows of 8 nibbles, or of 8 int8 bytes
+  constexpr int64_t kChunkBytes = kDecode == Decode::int8 ? 128 : 64;
   const bool channelwise = g.group_size < 0;
   const __m512i low4 = _mm512_set1_epi8(0x0f);
   const __m512i mx_table = _mm512_load_si512(kMxfp4Lanes.data());
@@ -109,7 +114,7 @@ void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
         if constexpr (kSplit) hi_acc[m][p] = _mm512_setzero_si512();
       }
     }
-    const uint8_t* wc = w + b * chunks_per_group * 64;
+    const uint8_t* wc = w + b * chunks_per_group * kChunkBytes;
     const int64_t k_begin = b * g.group_len;
     // zero points: 15 - (z + 8) in each byte of a lane, added to its unpacked weights
     __m512i adjust[kDecode == Decode::int4_zero_point ? NP : 1];
@@ -121,7 +126,13 @@ void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
     auto chunk = [&](int64_t c) __attribute__((always_inline)) {
       __m512i lo[NP], hi[NP];
       for (int p = 0; p < NP; ++p) {
-        const __m512i raw = _mm512_loadu_si512(wc + c * 64 + p * panel_bytes);
+        const uint8_t* src = wc + c * kChunkBytes + p * panel_bytes;
+        if constexpr (kDecode == Decode::int8) {
+          lo[p] = _mm512_loadu_si512(src);
+          hi[p] = _mm512_loadu_si512(src + 64);
+          continue;
+        }
+        const __m512i raw = _mm512_loadu_si512(src);
         if constexpr (kDecode == Decode::mxfp4_permute) {
 #if defined(__AVX512VBMI__)
           lo[p] = _mm512_permutexvar_epi8(raw, mx_table);
@@ -154,6 +165,13 @@ void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
 #pragma GCC unroll 16
       for (int c = 0; c < kChunks; ++c) chunk(c);
       pf.advance(NP * kChunks);
+    } else if constexpr (kDecode == Decode::int8) {
+      // channelwise over K, a multiple of 32: 4 chunks a step, unrolled, no branch among them
+      for (int64_t c = 0; c < chunks_per_group; c += 4) {
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; ++u) chunk(c + u);
+        pf.advance(NP * 4);
+      }
     } else {
       // long groups (channelwise: the whole row) report their work every 32 columns, so that the
       // prefetches are spread over the group instead of following it in one burst
@@ -224,12 +242,20 @@ void run_chunks(const GemmArgs& args) {
       args, [&]<int P>(int64_t n0) { tile<M, P, kChunks, kDecode>(args, n0, pf); });
 }
 
+// int8 bytes: from 3 to 8 rows two panels a tile rather than one, two weight streams in
+// flight (one leaves the tile waiting on memory: the weights arrive twice as fast per column as
+// int4's, with no unpacking to hide them behind).
+template <int M, int NP>
+constexpr int kInt8Panels = M > 2 && M <= 8 ? 2 : NP;
+
 template <int M, int NP>
 void run(const GemmArgs& args) {
   // Group 32 (the common case, and the one where the per-group work weighs most) gets a fully
   // unrolled group body; other group sizes and channelwise scales loop over their chunks.
   if (args.geometry->weight_format == WeightFormat::mxfp4)  // always group 32
     run_chunks<M, NP, 4, Decode::mxfp4_shuffle>(args);
+  else if (args.geometry->weight_format == WeightFormat::int8)  // channelwise, bytes
+    run_chunks<M, kInt8Panels<M, NP>, 0, Decode::int8>(args);
   else if (args.geometry->has_zeros())
     args.geometry->group_size == 32 ? run_chunks<M, NP, 4, Decode::int4_zero_point>(args)
                                     : run_chunks<M, NP, 0, Decode::int4_zero_point>(args);
