@@ -153,6 +153,22 @@ consteval bool tiles_fit() {
 }
 static_assert(tiles_fit(), "a kernel set's GEMM ranges must end at its tile_m <= kMaxTileM");
 
+// A set packs int8 weights in its own layout (as two int4 planes) or in a layout of bytes its
+// GEMMs read: only avx512vnni's zmm tile reads qu8_p16k4.
+consteval bool int8_layouts_read() {
+  for (const KernelSet& k : kTable) {
+    if (k.int8_layout == k.layout) continue;
+#if defined(W4A8MOE_X86)
+    if (k.int8_layout == LayoutId::qu8_p16k4 && k.gemms[0].fn == avx512vnni::gemm_qa8_qu4p16k8 &&
+        (k.gemms[1].max_m == 0 || k.gemms[1].fn == avx512vnni::gemm_qa8_qu4p16k8))
+      continue;
+#endif
+    return false;
+  }
+  return true;
+}
+static_assert(int8_layouts_read(), "a kernel set's int8 layout must be one its GEMMs read");
+
 // Every set but the portable one requires the features of the ISA cluster named after it.
 consteval bool sets_require_their_clusters() {
   for (const KernelSet& k : kTable)

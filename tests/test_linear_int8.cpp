@@ -7,6 +7,7 @@
 // loop. Run once per kernel set (the ISA cap of the library suites).
 //
 // Tolerance: that of test_linear.cpp, 1e-6 * sqrt(K) * max_n |ref[t, n]| (f32 sums of K terms)
+// (the bound of the planes; the avx512vnni set's bytes sum exact integers)
 // plus the rounding of out to bf16 / f16, plus 1e-6 * recip * |zp| * s[n] * SUM_k (|w| + 30):
 // int8 weights are summed per plane in f32 (a plane is a scale group of K), each plane's sum
 // taken over the raw q and the zero-point term zp * correction subtracted after, both terms of
@@ -25,8 +26,10 @@
 #include <string>
 #include <vector>
 
+#include "common/numeric.hpp"
 #include "pack/packed_format.hpp"
 #include "reference/reference.hpp"
+#include "registry.hpp"
 #include "test_util.hpp"
 #include "w4a8moe/w4a8moe.hpp"
 
@@ -114,6 +117,12 @@ size_t bytes_layout_size(int64_t N, int64_t K, int64_t sbytes) {
 
 bool bytes_layout(const w4a8moe::PackedWeights& packed) {
   return packed.info().layout == "qu8_p16k4";
+}
+
+// The active kernel set packs int8 weights as bytes (its int8 layout is one of bytes).
+bool active_set_packs_bytes() {
+  const w4a8moe::detail::KernelSet& set = w4a8moe::detail::active_set();
+  return w4a8moe::detail::layout_info(static_cast<uint32_t>(set.int8_layout), "test").int8_bytes;
 }
 
 w4a8moe::PackedWeights pack_int8(const Int8Case& c, int group_size = -1) {
@@ -260,6 +269,26 @@ TEST(LinearInt8, LargestKSumsStayExact) {
   EXPECT_TRUE(matches(c, run(c, packed.bytes(), shared_context()), reference(c, c.w)));
 }
 
+// Scales of every dtype, stored as given or rounded to bf16 (ScaleStorage::bf16): against the
+// reference over the scales as stored (a packer that did not round would be 2^-9 off).
+TEST(LinearInt8, ScaleStorage) {
+  for (const DType sd : {DType::f32, DType::bf16, DType::f16})
+    for (const bool to_bf16 : {false, true}) {
+      Int8Case c = make_int8_case({"scales", 5, 40, 256, DType::f32, sd});
+      w4a8moe::PackOptions opt = int8_options();
+      if (to_bf16) opt.scale_storage = w4a8moe::ScaleStorage::bf16;
+      const w4a8moe::PackedWeights packed =
+          w4a8moe::pack_linear(TensorView::of(c.w.data(), DType::i8, {40, 256}),
+                               TensorView::of(c.scale.bytes.data(), sd, {40}), {}, {}, opt);
+      if (to_bf16)
+        for (float& v : c.scale.values)
+          v = w4a8moe::detail::bf16_to_f32(w4a8moe::detail::f32_to_bf16(v));
+      SCOPED_TRACE(std::string(w4a8moe::dtype_name(sd)) + (to_bf16 ? " stored as bf16" : ""));
+      EXPECT_EQ(packed.info().scale_dtype, to_bf16 ? DType::bf16 : sd);
+      EXPECT_TRUE(matches(c, run(c, packed.bytes(), shared_context()), reference(c, c.w)));
+    }
+}
+
 // A header relabelled (its checksum made valid again) is refused, not misread.
 TEST(LinearInt8, DamagedHeaderRefused) {
   const Int8Case c = make_int8_case({"damage", 1, 40, 256});
@@ -288,6 +317,13 @@ TEST(LinearInt8, DamagedHeaderRefused) {
   EXPECT_TRUE(
       throws_error([&] { w4a8moe::inspect_packed(grouped, "w_packed"); },
                    {"w_packed: expected group size -1 for int8 weights, got group size 256"}));
+  // the layout relabelled between bytes and nibbles: the sizes no longer match
+  const std::vector<uint8_t> other_layout = relabelled([&](w4a8moe::detail::PackedHeader& h) {
+    h.layout = static_cast<uint32_t>(bytes_layout(packed) ? w4a8moe::detail::LayoutId::qu4_p16k8
+                                                          : w4a8moe::detail::LayoutId::qu8_p16k4);
+  });
+  EXPECT_TRUE(throws_error([&] { w4a8moe::inspect_packed(other_layout, "w_packed"); },
+                           {"w_packed", "sizes do not match"}));
   const std::vector<uint8_t> as_w13 = relabelled([](w4a8moe::detail::PackedHeader& h) {
     h.role = static_cast<uint32_t>(w4a8moe::WeightRole::w13);
   });
@@ -388,8 +424,10 @@ TEST_F(LinearInt8Input, PackChecksEachArgument) {
     return w4a8moe::pack_linear(w(), TensorView::of(big16.bytes.data(), DType::f16, {64}), {}, {},
                                 opt);
   };
-  if (w4a8moe::active_kernel_set() == "avx512vnni") {
-    EXPECT_EQ(pack_big().info().layout, "qu8_p16k4");
+  if (active_set_packs_bytes()) {
+    const w4a8moe::PackedWeights packed = pack_big();  // s stored as given
+    EXPECT_EQ(packed.info().layout, "qu8_p16k4");
+    EXPECT_EQ(packed.info().scale_dtype, DType::f16);
   } else {
     EXPECT_TRUE(
         throws_error(pack_big, {"w_scale: expected scales s whose 16 s", "f16", "5000 at [9]"}));
@@ -402,7 +440,8 @@ TEST(LinearInt8, LayoutOfTheActiveSet) {
   const Int8Case c = make_int8_case({"layout", 1, 16, 64});
   const w4a8moe::PackedWeights packed = pack_int8(c);
   const std::string set = w4a8moe::active_kernel_set();
-  const bool bytes = set == "avx512vnni";
+  const bool bytes = active_set_packs_bytes();
+  EXPECT_EQ(bytes, set == "avx512vnni");
   EXPECT_EQ(bytes_layout(packed), bytes) << set << " packed layout " << packed.info().layout;
   EXPECT_EQ(w4a8moe::kernel_set_for_layout(packed.info().layout), set);
   if (bytes) {
@@ -415,7 +454,7 @@ TEST(LinearInt8, BytesLayoutRefusedBelowItsSet) {
   const std::vector<std::string> sets = w4a8moe::available_kernel_sets();
   const std::string active = w4a8moe::active_kernel_set();
   if (std::find(sets.begin(), sets.end(), "avx512vnni") == sets.end() || active == "avx512vnni" ||
-      active == "amx" || active == "amxemu")
+      active == "amx")
     GTEST_SKIP() << "needs a cap below avx512vnni on a CPU with it (active: " << active << ")";
   const Int8Case c = make_int8_case({"capped", 2, 16, 64});
   w4a8moe::PackOptions opt = int8_options();

@@ -315,7 +315,7 @@ void verify(PackedFile::Impl& f, const PackedFileOptions& options) {
   } catch (const Error&) {
     std::string readers;
     for (const KernelSet& k : kernel_table())
-      if (k.layout == layout.id) readers += cat(readers.empty() ? "" : ", ", k.name);
+      if (k.reads(layout.id)) readers += cat(readers.empty() ? "" : ", ", k.name);
     fail(path, cat("packed for layout ", layout.name, " (kernel set ",
                    readers.empty() ? std::string("none in this build") : readers,
                    "), which this CPU cannot run within the ISA cap (active kernel set ",

@@ -43,7 +43,8 @@ inline constexpr size_t kHeaderBytes = 128;
 inline constexpr size_t kAlign = 64;
 inline constexpr int64_t kBlock = kGroupBlock;  // K granularity of every layout
 // Largest input dimension: keeps every int32 sum exact in all kernels (|u * q| <= 30 * 128 =
-// 3840 per element for the unsigned weights u of any format, and 2^16 * 3840 < 2^31).
+// 3840 per element for the unsigned weights u of the int4 and mxfp4 formats, and 2^16 * 3840 <
+// 2^31; int8 bytes below).
 inline constexpr int64_t kMaxCols = int64_t{1} << 16;
 // int8 weights: two int4 inputs per input in the layouts of int4 nibbles (Geometry::int8_cols);
 // in a layout of bytes, |(w + 128) * q| <= 255 * 128 per element and the rows' terms 128 SUM q:

@@ -242,12 +242,6 @@ void run_chunks(const GemmArgs& args) {
       args, [&]<int P>(int64_t n0) { tile<M, P, kChunks, kDecode>(args, n0, pf); });
 }
 
-// int8 bytes: from 3 to 8 rows two panels a tile rather than one, two weight streams in
-// flight (one leaves the tile waiting on memory: the weights arrive twice as fast per column as
-// int4's, with no unpacking to hide them behind).
-template <int M, int NP>
-constexpr int kInt8Panels = M > 2 && M <= 8 ? 2 : NP;
-
 template <int M, int NP>
 void run(const GemmArgs& args) {
   // Group 32 (the common case, and the one where the per-group work weighs most) gets a fully
@@ -255,7 +249,7 @@ void run(const GemmArgs& args) {
   if (args.geometry->weight_format == WeightFormat::mxfp4)  // always group 32
     run_chunks<M, NP, 4, Decode::mxfp4_shuffle>(args);
   else if (args.geometry->weight_format == WeightFormat::int8)  // channelwise, bytes
-    run_chunks<M, kInt8Panels<M, NP>, 0, Decode::int8>(args);
+    run_chunks<M, NP, 0, Decode::int8>(args);
   else if (args.geometry->has_zeros())
     args.geometry->group_size == 32 ? run_chunks<M, NP, 4, Decode::int4_zero_point>(args)
                                     : run_chunks<M, NP, 0, Decode::int4_zero_point>(args);
@@ -266,12 +260,14 @@ void run(const GemmArgs& args) {
 }
 
 // The GEMM, one instantiation per row count up to kTileM: 1 row takes four panels per tile, 2
-// rows two (more independent chains), more rows one. kPermute: mxfp4 weights decoded by `vpermb`
+// rows two (more independent chains), 3 to 8 rows two (two weight streams in flight: with one,
+// a tile of 8 rows waited on memory, at 8 tokens a dense layer 1.3x (int4) to 1.6x (int8
+// bytes) slower than with two; docs/whole-model.md), more rows one. kPermute: mxfp4 weights decoded by `vpermb`
 // (only in a file compiled with AVX-512 VBMI), else as run() chooses.
 template <bool kPermute>
 void gemm_rows(const GemmArgs& args) {
   static constexpr auto kByRows = gemm_by_rows<kTileM>([]<int M>() -> GemmFn {
-    constexpr int NP = M <= 2 ? 4 / M : 1;
+    constexpr int NP = M <= 2 ? 4 / M : M <= 8 ? 2 : 1;
     if constexpr (kPermute)
       return run_chunks<M, NP, 4, Decode::mxfp4_permute>;
     else
