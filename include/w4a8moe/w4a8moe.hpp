@@ -140,10 +140,11 @@ enum class WeightFormat : uint32_t {
   // pack_w2 and forward() refuse them): values w as int8 [N, K] in [-128, 127] (symmetric
   // quantizers give [-127, 127]: quantize_linear_int8()), one scale per output row [N] (f32,
   // bf16 or f16), optional bias [N]. The value of element k of row n is w * s[n]. K must be a
-  // multiple of 32 (at most 32768); the group size -1 or K. The packer stores the row as an
-  // int4 layer with zero points of 2K inputs, the high nibbles w >> 4 then the low nibbles
-  // w & 15 (scales 16 s and s), which every kernel set computes exactly (docs/operator.md,
-  // "Dense linear layers").
+  // multiple of 32 (at most 32768); the group size -1 or K. The packer stores the row in the
+  // kernel set's int8 layout: as bytes w + 128 (avx512vnni), or as an int4 layer with zero
+  // points of 2K inputs, the high nibbles w >> 4 then the low nibbles w & 15 (scales 16 s and
+  // s; an s whose 16 s the scale dtype cannot hold is refused), which the other sets compute
+  // exactly (docs/operator.md, "Dense linear layers").
   int8 = 3,
 };
 const char* weight_format_name(WeightFormat format) noexcept;
