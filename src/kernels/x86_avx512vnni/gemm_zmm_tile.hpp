@@ -262,8 +262,8 @@ void run(const GemmArgs& args) {
 // The GEMM, one instantiation per row count up to kTileM: 1 row takes four panels per tile, 2
 // rows two (more independent chains), 3 to 8 rows two (two weight streams in flight: with one,
 // a tile of 8 rows waited on memory, at 8 tokens a dense layer 1.3x (int4) to 1.6x (int8
-// bytes) slower than with two; docs/whole-model.md), more rows one. kPermute: mxfp4 weights decoded by `vpermb`
-// (only in a file compiled with AVX-512 VBMI), else as run() chooses.
+// bytes) slower than with two; docs/whole-model.md), more rows one. kPermute: mxfp4 weights decoded
+// by `vpermb` (only in a file compiled with AVX-512 VBMI), else as run() chooses.
 template <bool kPermute>
 void gemm_rows(const GemmArgs& args) {
   static constexpr auto kByRows = gemm_by_rows<kTileM>([]<int M>() -> GemmFn {
