@@ -12,12 +12,12 @@ FakeTensorMode. Library errors are raised as RuntimeError with the library's mes
 parallelism over torch.distributed: w4a8moe.distributed.
 """
 
-import enum
 import os
 from typing import NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
+from ._activations import Activation, activation_code
 from .reference import activate, dequantize_weights, quant_row, reference_moe
 
 __all__ = [
@@ -56,29 +56,6 @@ ops = torch.ops.w4a8moe
 from . import _fake  # noqa: E402  (after the ops exist)
 
 _fake.register()
-
-
-class Activation(enum.IntEnum):
-    """Activation kinds with the integer codes of the original operator."""
-
-    SWIGLUSTEP = 0
-    SWIGLUOAI = 1
-    SILU = 2
-    GELU = 3  # exact erf form
-    GELU_TANH = 4  # tanh approximation
-
-
-def activation_code(activation) -> int:
-    """A name ("silu", "swigluoai", "swiglustep", "gelu", "gelu_tanh"), an Activation or an int
-    -> the integer code. Unknown names raise ValueError; unknown integer codes are passed on for
-    the op to reject."""
-    if isinstance(activation, str):
-        try:
-            return Activation[activation.upper()].value
-        except KeyError:
-            names = ", ".join(a.name.lower() for a in Activation)
-            raise ValueError(f"activation: expected one of {names}, got '{activation}'") from None
-    return int(activation)
 
 
 class PackedInfo(NamedTuple):

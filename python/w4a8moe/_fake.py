@@ -12,6 +12,8 @@ import math
 
 import torch
 
+from ._activations import code_error, is_code
+
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -33,9 +35,8 @@ def _check(condition, message):
         torch._check(condition, message)
 
 
-def moe_ex_fake(x, topk_ids, topk_weights, w13_packed, w2_packed, hidden_size,
-                intermediate_size, group_size, apply_router_weight_on_input, activation_kind,
-                alpha=1.702, limit=7.0):
+def _check_packed(w13_packed, w2_packed, intermediate_size, group_size):
+    """The MoE ops' checks of the packed weights and the sizes passed with them."""
     if w13_packed.dtype != torch.uint8 or w2_packed.dtype != torch.uint8:
         _fail("w13_packed, w2_packed: expected uint8 tensors of packed weights, got "
               f"{w13_packed.dtype} and {w2_packed.dtype}")
@@ -43,11 +44,16 @@ def moe_ex_fake(x, topk_ids, topk_weights, w13_packed, w2_packed, hidden_size,
         _fail(f"intermediate_size: expected a positive value, got {intermediate_size}")
     if not (group_size == -1 or (group_size > 0 and group_size % 32 == 0)):
         _fail(f"group_size: expected -1 or a multiple of 32, got {group_size}")
+
+
+def moe_ex_fake(x, topk_ids, topk_weights, w13_packed, w2_packed, hidden_size,
+                intermediate_size, group_size, apply_router_weight_on_input, activation_kind,
+                alpha=1.702, limit=7.0):
+    _check_packed(w13_packed, w2_packed, intermediate_size, group_size)
     if not limit > 0.0:
         _fail(f"limit: expected a positive value, got {limit}")
-    if not 0 <= activation_kind <= 4:
-        _fail("activation: expected a code in [0, 4] (0 swiglustep, 1 swigluoai, 2 silu, "
-              f"3 gelu, 4 gelu_tanh), got {activation_kind}")
+    if not is_code(activation_kind):
+        _fail(code_error(activation_kind))
     if x.dim() != 2:
         _fail(f"x: expected rank 2 [T, H], got shape {_shape(x)}")
     if x.shape[1] != hidden_size:
@@ -119,13 +125,7 @@ def moe_routed_fake(x, router_logits, w13_packed, w2_packed, hidden_size, interm
                     num_expert_group=1, topk_group=1, e_score_correction_bias=None):
     """moe_routed: the routing arguments checked against E, router_logits' columns (a fake
     packed tensor has no header to read E from); the sentences of the C++ checks."""
-    if w13_packed.dtype != torch.uint8 or w2_packed.dtype != torch.uint8:
-        _fail("w13_packed, w2_packed: expected uint8 tensors of packed weights, got "
-              f"{w13_packed.dtype} and {w2_packed.dtype}")
-    if intermediate_size < 1:
-        _fail(f"intermediate_size: expected a positive value, got {intermediate_size}")
-    if not (group_size == -1 or (group_size > 0 and group_size % 32 == 0)):
-        _fail(f"group_size: expected -1 or a multiple of 32, got {group_size}")
+    _check_packed(w13_packed, w2_packed, intermediate_size, group_size)
     if router_logits.dim() != 2:
         _fail(f"router_logits: expected rank 2 [T, E], got shape {_shape(router_logits)}")
     experts = router_logits.shape[1]
@@ -171,9 +171,8 @@ def moe_routed_fake(x, router_logits, w13_packed, w2_packed, hidden_size, interm
         if e_score_correction_bias.dtype not in _FLOATS:
             _fail("e_score_correction_bias: expected dtype float32, bfloat16 or float16, got "
                   f"{e_score_correction_bias.dtype}")
-    if not 0 <= activation_kind <= 4:
-        _fail("activation: expected a code in [0, 4] (0 swiglustep, 1 swigluoai, 2 silu, "
-              f"3 gelu, 4 gelu_tanh), got {activation_kind}")
+    if not is_code(activation_kind):
+        _fail(code_error(activation_kind))
     if not math.isfinite(alpha):
         _fail(f"alpha: expected a finite value, got {alpha}")
     if not limit > 0.0:

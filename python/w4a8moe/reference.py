@@ -10,25 +10,14 @@ import math
 
 import torch
 
+from ._activations import activation_code, code_error, is_code
+
 __all__ = ["reference_moe", "quant_row", "dequantize_weights", "activate"]
 
-_ACTIVATIONS = {"swiglustep": 0, "swigluoai": 1, "silu": 2, "gelu": 3, "gelu_tanh": 4}
-
-
 def _activation_code(activation):
-    if isinstance(activation, str):
-        try:
-            return _ACTIVATIONS[activation.lower()]
-        except KeyError:
-            raise ValueError(
-                f"activation: expected one of {', '.join(_ACTIVATIONS)}, got '{activation}'"
-            ) from None
-    code = int(activation)
-    if code not in _ACTIVATIONS.values():
-        raise ValueError(
-            "activation: expected a code in [0, 4] (0 swiglustep, 1 swigluoai, 2 silu, 3 gelu, "
-            f"4 gelu_tanh), got {code}"
-        )
+    code = activation_code(activation)
+    if not is_code(code):
+        raise ValueError(code_error(code))
     return code
 
 

@@ -69,19 +69,18 @@ from typing import Optional, Tuple
 import torch
 
 from . import ops
+from ._activations import NAMES, activation_code
 
 __all__ = ["activation_kind", "convert_to_w4a8_int8_moe_format", "dynamic_4bit_int_moe",
            "pack_awq_moe", "pack_gptq_moe", "pack_mxfp4_moe"]
-
-_KINDS = {"swiglustep": 0, "swigluoai": 1, "silu": 2, "gelu": 3, "gelu_tanh": 4}
 
 
 def activation_kind(activation) -> int:
     """The engine's MoEActivation (or its string value) -> the op's integer code."""
     value = getattr(activation, "value", activation)
-    if isinstance(value, str) and value.lower() in _KINDS:
-        return _KINDS[value.lower()]
-    raise ValueError(f"activation: expected one of {', '.join(_KINDS)}, got '{value}'")
+    if isinstance(value, str):
+        return activation_code(value)
+    raise ValueError(f"activation: expected one of {', '.join(NAMES)}, got '{value}'")
 
 
 def convert_to_w4a8_int8_moe_format(

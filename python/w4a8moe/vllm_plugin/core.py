@@ -13,21 +13,21 @@ from typing import Iterable, NamedTuple, Optional, Tuple
 
 import torch
 
+from .._activations import NAMES as ACTIVATION_NAMES
+
 #: vLLM releases the plugin was tested with, as a half-open range [low, high).
 SUPPORTED_VLLM = ("0.32.0", "0.33.0")
 
 #: The method families, as W4A8MOE_VLLM_FORMATS names them.
 FAMILIES = ("w4a8", "wna16", "mxfp4")
 
-# vLLM's MoEActivation value -> (w4a8moe activation, gate/up layout of vLLM's w13 rows)
-ACTIVATIONS = {
-    "silu": ("silu", "halves"),
-    "gelu": ("gelu", "halves"),
-    "gelu_tanh": ("gelu_tanh", "halves"),
-    "swiglustep": ("swiglustep", "halves"),
-    "swigluoai": ("swigluoai", "interleaved"),  # gpt-oss: gate j in row 2j, up j in 2j + 1
-    "swigluoai_uninterleave": ("swigluoai", "halves"),
-}
+#: vLLM's MoEActivation value -> (w4a8moe activation, gate/up layout of vLLM's w13 rows): each of
+#: w4a8moe's activations under its own name with gate and up in halves, but vLLM's swigluoai
+#: (gpt-oss: gate j in row 2j, up j in 2j + 1), whose halves form vLLM calls
+#: swigluoai_uninterleave.
+ACTIVATIONS = {name: (name, "halves") for name in ACTIVATION_NAMES}
+ACTIVATIONS["swigluoai"] = ("swigluoai", "interleaved")
+ACTIVATIONS["swigluoai_uninterleave"] = ("swigluoai", "halves")
 
 
 class Backend(enum.Enum):
