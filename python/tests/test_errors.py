@@ -108,7 +108,7 @@ def test_bad_weights_at_pack_time():
     with pytest.raises(RuntimeError, match="gate_up_layout: expected 'halves' or 'interleaved'"):
         w4a8moe.pack(w.w13, w.w2, w.w13_scale, w.w2_scale, 32, gate_up_layout="zigzag")
     with pytest.raises(RuntimeError, match="w13_weight: expected dtype int8"):
-        w4a8moe.convert_to_w4a8_int8_moe_format(w.w13.float(), w.w2, w.w13_scale, w.w2_scale, 32)
+        w4a8moe.pack_with_original_op(w.w13.float(), w.w2, w.w13_scale, w.w2_scale, 32)
 
 
 def test_is_supported_config():

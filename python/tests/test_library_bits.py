@@ -221,7 +221,7 @@ def test_packing_is_deterministic():
     weights = make_weights(4, 64, 128, 32, 9, bias=True)
     first, second = weights.pack(), weights.pack()
     assert all(torch.equal(a, b) for a, b in zip(first, second))
-    original = w4a8moe.convert_to_w4a8_int8_moe_format(
+    original = w4a8moe.pack_with_original_op(
         weights.w13, weights.w2, weights.w13_scale, weights.w2_scale, 32,
         w13_bias=weights.w13_bias, w2_bias=weights.w2_bias)
     assert all(torch.equal(a, b) for a, b in zip(first, original))

@@ -26,7 +26,6 @@ __all__ = [
     "activation_code",
     "active_kernel_set",
     "available_kernel_sets",
-    "convert_to_w4a8_int8_moe_format",
     "cpu_features",
     "dequantize_weights",
     "get_num_threads",
@@ -38,6 +37,7 @@ __all__ = [
     "pack",
     "pack_linear",
     "pack_linear_int8",
+    "pack_with_original_op",
     "packed_info",
     "quantize_linear_int8",
     "quant_row",
@@ -130,19 +130,32 @@ def pack(
     )
 
 
-def convert_to_w4a8_int8_moe_format(
-    w13_weight: torch.Tensor,
-    w2_weight: torch.Tensor,
-    w13_weight_scale: torch.Tensor,
-    w2_weight_scale: torch.Tensor,
+def pack_with_original_op(
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    w13_scale: torch.Tensor,
+    w2_scale: torch.Tensor,
     group_size: int,
     w13_bias: Optional[torch.Tensor] = None,
     w2_bias: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The original project's packing entry point: returns (w13_packed, w2_packed)."""
-    return ops.convert_to_w4a8_int8_moe_format(
-        w13_weight, w2_weight, w13_weight_scale, w2_weight_scale, group_size, w13_bias, w2_bias
-    )
+    """pack() through the original operator's packing op
+    (torch.ops.w4a8moe.convert_to_w4a8_int8_moe_format, its schema and arguments): returns
+    (w13_packed, w2_packed), the same bytes as pack() with its defaults (gate and up in halves,
+    scales kept as given). For the engine's function of that name (six values, scales rounded to
+    bfloat16): w4a8moe.vllm.convert_to_w4a8_int8_moe_format."""
+    return ops.convert_to_w4a8_int8_moe_format(w13, w2, w13_scale, w2_scale, group_size,
+                                               w13_bias, w2_bias)
+
+
+def _sizes(w13_packed, hidden_size, intermediate_size, group_size):
+    """(H, I, group size): those given, the others read from w13's packed header."""
+    if hidden_size is None or intermediate_size is None or group_size is None:
+        info = packed_info(w13_packed)
+        hidden_size = info.cols if hidden_size is None else hidden_size
+        intermediate_size = info.rows // 2 if intermediate_size is None else intermediate_size
+        group_size = info.group_size if group_size is None else group_size
+    return hidden_size, intermediate_size, group_size
 
 
 def moe(
@@ -166,11 +179,8 @@ def moe(
     [T, K], used as given. hidden_size, intermediate_size and group_size are read from the
     packed headers when omitted (pass them when the packed tensors are meta or fake tensors).
     """
-    if hidden_size is None or intermediate_size is None or group_size is None:
-        info = packed_info(w13_packed)
-        hidden_size = info.cols if hidden_size is None else hidden_size
-        intermediate_size = info.rows // 2 if intermediate_size is None else intermediate_size
-        group_size = info.group_size if group_size is None else group_size
+    hidden_size, intermediate_size, group_size = _sizes(w13_packed, hidden_size,
+                                                        intermediate_size, group_size)
     return ops.dynamic_4bit_int_moe_ex(
         x, topk_ids, topk_weights, w13_packed, w2_packed, hidden_size, intermediate_size,
         group_size, apply_router_weight_on_input, activation_code(activation), alpha, limit,
@@ -320,11 +330,8 @@ def moe_routed(
     hidden_size, intermediate_size and group_size are read from the packed headers when
     omitted (pass them when the packed tensors are meta or fake tensors).
     """
-    if hidden_size is None or intermediate_size is None or group_size is None:
-        info = packed_info(w13_packed)
-        hidden_size = info.cols if hidden_size is None else hidden_size
-        intermediate_size = info.rows // 2 if intermediate_size is None else intermediate_size
-        group_size = info.group_size if group_size is None else group_size
+    hidden_size, intermediate_size, group_size = _sizes(w13_packed, hidden_size,
+                                                        intermediate_size, group_size)
     return ops.moe_routed(
         x, router_logits, w13_packed, w2_packed, hidden_size, intermediate_size, group_size,
         apply_router_weight_on_input, activation_code(activation), alpha, limit, top_k,
