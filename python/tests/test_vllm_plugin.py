@@ -1,8 +1,10 @@
 """The vLLM plugin's own checks, without starting an engine (the engine tests are
-test_vllm_engine.py): the supported-version gate, the W4A8MOE_VLLM setting, and the allocator
-trim after packing."""
+test_vllm_engine.py): the supported-version gate, the W4A8MOE_VLLM setting, the ledger of the
+vLLM symbols the plugin patches, and the allocator trim after packing."""
 
+import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -41,6 +43,74 @@ def test_off_leaves_vllm_untouched(monkeypatch):
     before = method_module.select_w4a8_int8_moe_backend
     vllm_plugin.register()
     assert method_module.select_w4a8_int8_moe_backend is before
+
+
+# In a process of its own (the install patches vLLM for the rest of the process): what an install
+# with every family and setting changes among the attributes of vLLM's loaded modules and of
+# their classes, a dict's lists and a list's items included (a table edited in place).
+_INSTALL_PROBE = """
+import importlib, json, sys
+from w4a8moe.vllm_plugin import _install, core, patches
+
+def sig(v):
+    if isinstance(v, dict):
+        return (id(v), tuple((id(k), tuple(map(id, x)) if isinstance(x, list) else id(x))
+                             for k, x in list(v.items())))
+    return (id(v), tuple(map(id, v))) if isinstance(v, list) else id(v)
+
+def snapshot():
+    seen = {}
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "vllm" or name.startswith("vllm.")):
+            continue
+        for key, value in list(vars(module).items()):
+            seen[(name, key)] = sig(value)
+            if isinstance(value, type) and value.__module__ == name:
+                for k, v in list(vars(value).items()):
+                    seen[(name, key + "." + k)] = sig(v)
+    return seen
+
+for p in patches.LEDGER:
+    importlib.import_module(p.module)
+before = snapshot()
+_install(core.FAMILIES)
+after = snapshot()
+print(json.dumps({"changed": sorted(k for k, v in before.items() if after.get(k) != v),
+                  "applied": [list(p) for p in patches.applied()]}))
+"""
+
+
+def test_an_install_patches_exactly_the_ledger():
+    from w4a8moe.vllm_plugin import patches
+
+    env = dict(os.environ, W4A8MOE_VLLM="auto", W4A8MOE_VLLM_FORMATS="all",
+               W4A8MOE_VLLM_DENSE="on", W4A8MOE_VLLM_QUANTIZE_DENSE="int8")
+    run = subprocess.run([sys.executable, "-c", _INSTALL_PROBE], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    ledger = {(p.module, p.attribute) for p in patches.LEDGER}
+    assert {tuple(k) for k in found["changed"]} == ledger
+    assert sorted(map(tuple, found["applied"])) == sorted(patches.LEDGER)
+
+
+def test_the_ledger_is_read_from_a_supported_vllm_and_says_why():
+    from w4a8moe.vllm_plugin import patches
+
+    for patch in patches.LEDGER:
+        vllm_plugin.check_vllm_version(patch.vllm)
+        assert patch.module.startswith("vllm.") and patch.what and patch.why, patch
+    keys = [(p.module, p.attribute, p.by) for p in patches.LEDGER]
+    assert len(keys) == len(set(keys))
+
+
+def test_a_patch_the_ledger_does_not_list_is_refused():
+    from w4a8moe.vllm_plugin import patches
+
+    with pytest.raises(RuntimeError, match="does not list"):
+        patches.replace("vllm.model_executor.layers.utils", "dispatch_cpu_unquantized_gemm",
+                        "w4a8", lambda vllm: vllm)
+    assert not patches.applied()
 
 
 def _resident_bytes():

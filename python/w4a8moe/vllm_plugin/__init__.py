@@ -3,7 +3,8 @@
 Installed with the package, it is a `vllm.general_plugins` entry point (pyproject.toml), which
 vLLM loads in each of its processes (front end, engine core, workers) before it builds a model.
 It changes none of vLLM's files. On vLLM's CPU platform it hooks in where vLLM chooses the
-experts kernel of a MoE layer, one module per vLLM method family, around a shared core:
+experts kernel of a MoE layer (each symbol it patches listed, with why, in patches.py), one
+module per vLLM method family, around a shared core:
 
   w4a8   compressed-tensors W4A8 (int4 weights, dynamic per-token int8 activations)
   wna16  compressed-tensors W4A16, GPTQ and AWQ int4 (computed as W4A8: the weights exactly,

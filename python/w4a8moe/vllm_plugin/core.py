@@ -4,10 +4,12 @@ layer passes before w4a8moe takes it, the log lines, and the step that installs 
 (free vLLM's tensors, make the layer's experts and vLLM's kernel around them).
 
 The family modules (w4a8, wna16, mxfp4) hook vLLM's selection and weight processing for their
-methods and call into this module; docs/vllm.md describes what each takes.
+methods and call into this module; docs/vllm.md describes what each takes. Every hook has the
+same form, wrap(): vLLM's own function unless the call is w4a8moe's; patches.py lists them.
 """
 
 import enum
+import functools
 import os
 from typing import Iterable, NamedTuple, Optional, Tuple
 
@@ -34,6 +36,38 @@ class Backend(enum.Enum):
     """The backend value a vLLM method records when w4a8moe runs its layer."""
 
     W4A8MOE = "W4A8MOE"
+
+
+def wrap(vllm_function, ours, when, after=False):
+    """What the plugin puts in place of one of vLLM's functions or methods (through
+    patches.replace): vLLM's own call, unless when(*args, **kwargs) says the call is w4a8moe's
+    (a layer or configuration w4a8moe takes); then ours(*args, **kwargs) runs in place of
+    vLLM's, or with after=True after it (when is then asked after vLLM's call, which may make
+    the choice it reads; vLLM's result is returned)."""
+
+    @functools.wraps(vllm_function)
+    def wrapper(*args, **kwargs):
+        if after:
+            result = vllm_function(*args, **kwargs)
+            if when(*args, **kwargs):
+                ours(*args, **kwargs)
+            return result
+        if when(*args, **kwargs):
+            return ours(*args, **kwargs)
+        return vllm_function(*args, **kwargs)
+
+    return wrapper
+
+
+def is_ours(method, *args, **kwargs) -> bool:
+    """Whether vLLM's MoE method `method` runs its layer through w4a8moe (its selection chose
+    the experts class); the rest of a method call's arguments are ignored."""
+    return method.experts_cls is experts_class()
+
+
+def selected(*args, **kwargs):
+    """The selection's answer for a layer w4a8moe takes: its backend and experts class."""
+    return Backend.W4A8MOE, experts_class()
 
 
 def _version_tuple(text: str) -> Tuple[int, ...]:

@@ -22,7 +22,7 @@ import os
 
 import torch
 
-from . import core, memory
+from . import core, memory, patches
 
 KIND = "W4A16 int4 linear"
 COMPUTES = (", as W4A8: the checkpoint's int4 weights exactly, the activations quantized per "
@@ -173,15 +173,22 @@ def _pack_layer(kernel, layer) -> None:
                f"{info.weight_format}")
 
 
-def _exact_scales(vllm_create):
-    def create_weights(self, layer, *args, **kwargs):
-        vllm_create(self, layer, *args, **kwargs)
-        kernel = getattr(self, "kernel", None)
-        if isinstance(kernel, kernel_class()):
-            scale = getattr(layer, kernel.w_s_name)
-            scale.data = torch.full(scale.shape, float("nan"), dtype=torch.float32)
+def _kernel_is_ours(method, *args, **kwargs) -> bool:
+    """Whether the linear method's kernel (chosen in its create_weights) is w4a8moe's."""
+    return isinstance(getattr(method, "kernel", None), kernel_class())
 
-    return create_weights
+
+def _exact_scales(method, layer, *args, **kwargs) -> None:
+    scale = getattr(layer, method.kernel.w_s_name)
+    scale.data = torch.full(scale.shape, float("nan"), dtype=torch.float32)
+
+
+def _first_on_cpu(table) -> None:
+    from vllm.platforms import PlatformEnum
+
+    cpu = table.setdefault(PlatformEnum.CPU, [])
+    if kernel_class() not in cpu:
+        cpu.insert(0, kernel_class())
 
 
 def install() -> None:
@@ -190,11 +197,9 @@ def install() -> None:
     from vllm.model_executor.layers.quantization.compressed_tensors.schemes import (
         compressed_tensors_wNa16 as ct,
     )
-    from vllm.platforms import PlatformEnum
 
-    cpu = kernels._POSSIBLE_KERNELS.setdefault(PlatformEnum.CPU, [])
-    if kernel_class() not in cpu:
-        cpu.insert(0, kernel_class())
-    for cls in (auto_gptq.AutoGPTQLinearMethod, auto_awq.AutoAWQMarlinLinearMethod,
-                ct.CompressedTensorsWNA16):
-        cls.create_weights = _exact_scales(cls.create_weights)
+    patches.edit(kernels.__name__, "_POSSIBLE_KERNELS", __name__, _first_on_cpu)
+    for module, cls in ((auto_gptq, "AutoGPTQLinearMethod"),
+                        (auto_awq, "AutoAWQMarlinLinearMethod"), (ct, "CompressedTensorsWNA16")):
+        patches.replace(module.__name__, f"{cls}.create_weights", __name__,
+                        lambda vllm: core.wrap(vllm, _exact_scales, _kernel_is_ours, after=True))

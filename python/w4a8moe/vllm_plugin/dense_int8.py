@@ -30,7 +30,7 @@ import os
 
 import torch
 
-from . import core, memory, vocab
+from . import core, memory, patches, vocab
 
 KIND = "bfloat16 dense layer"
 #: last components of a layer's name that are MoE routers (kept in the model's dtype)
@@ -75,7 +75,7 @@ def _describe(layer) -> str:
     return ("LM head, " if isinstance(layer, ParallelLMHead) else "") + f"K {k}, N {n}"
 
 
-def _take(layer) -> None:
+def _quantize(layer) -> None:
     """Quantizes and packs the layer's weight, frees the layer's reference to it, and sets
     layer.cpu_linear to w4a8moe's op."""
     import w4a8moe
@@ -127,31 +127,33 @@ def _lazy_embedding(layer) -> None:
     layer.cpu_linear = cpu_linear
 
 
-def _wrap(vllm_dispatch):
-    def dispatch_cpu_unquantized_gemm(layer, remove_weight):
-        reason = _refusal(layer)
-        if reason is None:
-            import w4a8moe
+def _int8(layer, remove_weight) -> None:
+    """A layer w4a8moe takes: quantized and packed, or (the token embedding) made lazy."""
+    if vocab.kind_of(layer) == "embedding":  # (never a layer _refusal lets through)
+        _lazy_embedding(layer)
+        return None
+    import w4a8moe
 
-            what = _describe(layer)
-            _take(layer)
-            core.say(f"w4a8moe: {KIND} ({what}) quantized to int8 per output channel runs "
-                     f"through w4a8moe (kernel set {w4a8moe.active_kernel_set()}), the "
-                     f"activations quantized per token to int8; not vLLM's bfloat16 GEMM")
-            return None
-        if vocab.kind_of(layer) == "embedding" and layer.weight.shape[1] % 32 == 0:
-            _lazy_embedding(layer)
-            return None
-        name = (getattr(layer, "prefix", "") or type(layer).__name__).split(".")[-1]
-        core.say(f"w4a8moe: {KIND} '{name}' stays vLLM's ({reason})")
-        return vllm_dispatch(layer, remove_weight)
+    what = _describe(layer)
+    _quantize(layer)
+    core.say(f"w4a8moe: {KIND} ({what}) quantized to int8 per output channel runs through "
+             f"w4a8moe (kernel set {w4a8moe.active_kernel_set()}), the activations quantized "
+             f"per token to int8; not vLLM's bfloat16 GEMM")
+    return None
 
-    dispatch_cpu_unquantized_gemm.w4a8moe_wrapped = vllm_dispatch
-    return dispatch_cpu_unquantized_gemm
+
+def _takes(layer, remove_weight) -> bool:
+    """Whether w4a8moe takes the layer (the log says why not)."""
+    reason = _refusal(layer)
+    if reason is None:
+        return True
+    if vocab.kind_of(layer) == "embedding" and layer.weight.shape[1] % 32 == 0:
+        return True
+    name = (getattr(layer, "prefix", "") or type(layer).__name__).split(".")[-1]
+    core.say(f"w4a8moe: {KIND} '{name}' stays vLLM's ({reason})")
+    return False
 
 
 def install() -> None:
-    from vllm.model_executor.layers import utils
-
-    if not hasattr(utils.dispatch_cpu_unquantized_gemm, "w4a8moe_wrapped"):
-        utils.dispatch_cpu_unquantized_gemm = _wrap(utils.dispatch_cpu_unquantized_gemm)
+    patches.replace("vllm.model_executor.layers.utils", "dispatch_cpu_unquantized_gemm", __name__,
+                    lambda vllm: core.wrap(vllm, _int8, _takes))

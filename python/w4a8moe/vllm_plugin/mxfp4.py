@@ -8,45 +8,43 @@ Wrapped in vLLM's quantization.mxfp4 module: select_mxfp4_moe_backend (w4a8moe f
 mxfp4_round_up_hidden_size_and_intermediate_size (no padding: w4a8moe takes any multiple of
 32) and the method's process_weights_after_loading."""
 
-from . import core
+from . import core, patches
 
 KIND = "MXFP4"
 COMPUTES = (", as W4A8: the checkpoint's e2m1 codes and e8m0 scales exactly, the activations "
             "quantized per token to int8; not vLLM's CPU MXFP4 backend")
 
 
+def _takes(config, *args, **kwargs) -> bool:
+    """Whether w4a8moe takes the layer (select_mxfp4_moe_backend's arguments; the log line says
+    so, or why not)."""
+    activation_key = kwargs.get("activation_key", args[0] if args else None)
+    if activation_key is not None:
+        ok, reason = False, f"activation quantization {activation_key} (w4a8moe: dynamic int8)"
+    else:
+        ok, reason = core.check(config, 32)
+    core.announce(KIND, config, ok, reason, COMPUTES if ok else "")
+    return ok
+
+
+def _is_our_backend(backend, *args, **kwargs) -> bool:
+    return backend is core.Backend.W4A8MOE
+
+
+def _sizes_as_they_are(backend, hidden_size, intermediate_size, *args, **kwargs):
+    return hidden_size, intermediate_size
+
+
 def install() -> None:
     from vllm.model_executor.layers.quantization import mxfp4 as method_module
 
-    vllm_select = method_module.select_mxfp4_moe_backend
-    vllm_round_up = method_module.mxfp4_round_up_hidden_size_and_intermediate_size
-    method_cls = method_module.GptOssMxfp4MoEMethod
-    vllm_process = method_cls.process_weights_after_loading
-
-    def select_mxfp4_moe_backend(config, *args, **kwargs):
-        activation_key = kwargs.get("activation_key", args[0] if args else None)
-        if activation_key is not None:
-            ok, reason = False, f"activation quantization {activation_key} (w4a8moe: dynamic int8)"
-        else:
-            ok, reason = core.check(config, 32)
-        core.announce(KIND, config, ok, reason, COMPUTES if ok else "")
-        if ok:
-            return core.Backend.W4A8MOE, core.experts_class()
-        return vllm_select(config, *args, **kwargs)
-
-    def round_up(backend, hidden_size, intermediate_size, *args, **kwargs):
-        if backend is core.Backend.W4A8MOE:
-            return hidden_size, intermediate_size
-        return vllm_round_up(backend, hidden_size, intermediate_size, *args, **kwargs)
-
-    def process_weights_after_loading(self, layer) -> None:
-        if self.experts_cls is not core.experts_class():
-            return vllm_process(self, layer)
-        _pack_layer(self, layer)
-
-    method_module.select_mxfp4_moe_backend = select_mxfp4_moe_backend
-    method_module.mxfp4_round_up_hidden_size_and_intermediate_size = round_up
-    method_cls.process_weights_after_loading = process_weights_after_loading
+    module = method_module.__name__
+    patches.replace(module, "select_mxfp4_moe_backend", __name__,
+                    lambda vllm: core.wrap(vllm, core.selected, _takes))
+    patches.replace(module, "mxfp4_round_up_hidden_size_and_intermediate_size", __name__,
+                    lambda vllm: core.wrap(vllm, _sizes_as_they_are, _is_our_backend))
+    patches.replace(module, "GptOssMxfp4MoEMethod.process_weights_after_loading", __name__,
+                    lambda vllm: core.wrap(vllm, _pack_layer, core.is_ours))
 
 
 def _check_scales(layer) -> None:

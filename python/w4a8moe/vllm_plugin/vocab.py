@@ -19,7 +19,7 @@ dense_int8 (W4A8MOE_VLLM_QUANTIZE_DENSE=int8) wraps the same function on top of 
 takes the LM head itself.
 """
 
-from . import core
+from . import core, patches
 
 
 def head_dtype_differs(layer) -> bool:
@@ -60,13 +60,13 @@ def _lazy(layer, vllm_dispatch) -> None:
     layer.cpu_linear = cpu_linear
 
 
-def _wrap(vllm_dispatch):
-    def dispatch_cpu_unquantized_gemm(layer, remove_weight):
-        kind = kind_of(layer)
-        if kind is None:
-            return vllm_dispatch(layer, remove_weight)
+def _hold_once(vllm_dispatch):
+    """The vocabulary tables' dispatch: the embedding's GEMM made lazily, the head's table let go
+    where vLLM's GEMM holds it."""
+
+    def dispatch(layer, remove_weight):
         rows, cols = layer.weight.shape
-        if kind == "embedding":
+        if kind_of(layer) == "embedding":
             _lazy(layer, vllm_dispatch)
             core.trace(f"vocab embedding {rows} {cols} lazy")
             core.say("w4a8moe: the token embedding keeps its table alone; vLLM's GEMM on it is "
@@ -79,13 +79,13 @@ def _wrap(vllm_dispatch):
             core.say("w4a8moe: the LM head's table is held once (in vLLM's GEMM)")
         return None
 
-    dispatch_cpu_unquantized_gemm.w4a8moe_vocab = vllm_dispatch
-    return dispatch_cpu_unquantized_gemm
+    return dispatch
+
+
+def _is_table(layer, remove_weight) -> bool:
+    return kind_of(layer) is not None
 
 
 def install() -> None:
-    from vllm.model_executor.layers import utils
-
-    if not hasattr(utils.dispatch_cpu_unquantized_gemm, "w4a8moe_vocab"):
-        utils.dispatch_cpu_unquantized_gemm = _wrap(utils.dispatch_cpu_unquantized_gemm)
-
+    patches.replace("vllm.model_executor.layers.utils", "dispatch_cpu_unquantized_gemm", __name__,
+                    lambda vllm: core.wrap(vllm, _hold_once(vllm), _is_table))

@@ -9,7 +9,7 @@ method cannot load) and process_weights_after_loading (pack, free, kernel)."""
 
 import torch
 
-from . import core
+from . import core, patches
 
 KIND = "W4A8 int4"
 
@@ -27,47 +27,44 @@ def group_size_of(weight_key):
     return None
 
 
+def _takes(config, weight_key, activation_key) -> bool:
+    """Whether w4a8moe takes the layer (the log line says so, or why not)."""
+    group = group_size_of(weight_key)
+    if group is None or activation_key is not None:
+        ok, reason = False, (f"quantization scheme {weight_key} x {activation_key}: w4a8moe "
+                             f"takes int4 symmetric weights (channel-wise or grouped) with "
+                             f"dynamic int8 activations")
+    else:
+        ok, reason = core.check(config, group)
+    core.announce(KIND, config, ok, reason, ", not vLLM's CPU_INT4 backend")
+    return ok
+
+
+def _create_weights(method_module):
+    def create_weights(self, layer, *args, **kwargs) -> None:
+        # vLLM starts scales at 1 and loads the checkpoint's over them, expert by expert, so a
+        # scale missing from the file would stay 1; NaN makes the packing see it.
+        for name in ("w13_weight_scale", "w2_weight_scale"):
+            getattr(layer, name).data.fill_(float("nan"))
+        if _checkpoint_format(layer) == "pack-quantized":
+            _create_packed_weights(layer, method_module, kwargs)
+
+    return create_weights
+
+
 def install() -> None:
     from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (
         compressed_tensors_moe_w4a8_int8 as method_module,
     )
 
-    vllm_select = method_module.select_w4a8_int8_moe_backend
-    method_cls = method_module.CompressedTensorsW4A8Int8MoEMethod
-    vllm_create = method_cls.create_weights
-    vllm_process = method_cls.process_weights_after_loading
-
-    def select_w4a8_int8_moe_backend(config, weight_key, activation_key):
-        group = group_size_of(weight_key)
-        if group is None or activation_key is not None:
-            ok, reason = False, (f"quantization scheme {weight_key} x {activation_key}: w4a8moe "
-                                 f"takes int4 symmetric weights (channel-wise or grouped) with "
-                                 f"dynamic int8 activations")
-        else:
-            ok, reason = core.check(config, group)
-        core.announce(KIND, config, ok, reason, ", not vLLM's CPU_INT4 backend")
-        if ok:
-            return core.Backend.W4A8MOE, core.experts_class()
-        return vllm_select(config, weight_key, activation_key)
-
-    def create_weights(self, layer, *args, **kwargs) -> None:
-        vllm_create(self, layer, *args, **kwargs)
-        if self.experts_cls is core.experts_class():
-            # vLLM starts scales at 1 and loads the checkpoint's over them, expert by expert,
-            # so a scale missing from the file would stay 1; NaN makes the packing see it.
-            for name in ("w13_weight_scale", "w2_weight_scale"):
-                getattr(layer, name).data.fill_(float("nan"))
-            if _checkpoint_format(layer) == "pack-quantized":
-                _create_packed_weights(layer, method_module, kwargs)
-
-    def process_weights_after_loading(self, layer) -> None:
-        if self.experts_cls is not core.experts_class():
-            return vllm_process(self, layer)
-        _pack_layer(self, layer)
-
-    method_module.select_w4a8_int8_moe_backend = select_w4a8_int8_moe_backend
-    method_cls.create_weights = create_weights
-    method_cls.process_weights_after_loading = process_weights_after_loading
+    module, method = method_module.__name__, "CompressedTensorsW4A8Int8MoEMethod"
+    patches.replace(module, "select_w4a8_int8_moe_backend", __name__,
+                    lambda vllm: core.wrap(vllm, core.selected, _takes))
+    patches.replace(module, f"{method}.create_weights", __name__,
+                    lambda vllm: core.wrap(vllm, _create_weights(method_module), core.is_ours,
+                                           after=True))
+    patches.replace(module, f"{method}.process_weights_after_loading", __name__,
+                    lambda vllm: core.wrap(vllm, _pack_layer, core.is_ours))
 
 
 def _checkpoint_format(layer) -> str:

@@ -19,7 +19,7 @@ zero points' loader records the experts it filled) and process_weights_after_loa
 
 import torch
 
-from . import core
+from . import core, patches
 
 KIND = "W4A16 int4"
 COMPUTES = (", as W4A8: the checkpoint's int4 weights exactly, the activations quantized per "
@@ -68,20 +68,15 @@ def scheme_of(quant_config):
     return None, f"quantization config {type(quant_config).__name__}"
 
 
-def _select(vllm_select):
-    def select_wna16_moe_backend(config, weight_key, quant_config, may_have_zp, may_have_bias,
-                                 allow_tile_padding=False):
-        scheme, reason = scheme_of(quant_config)
-        ok = scheme is not None
-        if ok:
-            ok, reason = core.check(config, scheme["group"])
-        core.announce(KIND, config, ok, reason, COMPUTES if ok else "")
-        if ok:
-            return core.Backend.W4A8MOE, core.experts_class()
-        return vllm_select(config, weight_key, quant_config, may_have_zp, may_have_bias,
-                           allow_tile_padding)
-
-    return select_wna16_moe_backend
+def _takes(config, weight_key, quant_config, *args, **kwargs) -> bool:
+    """Whether w4a8moe takes the layer (select_wna16_moe_backend's arguments; the log line says
+    so, or why not)."""
+    scheme, reason = scheme_of(quant_config)
+    ok = scheme is not None
+    if ok:
+        ok, reason = core.check(config, scheme["group"])
+    core.announce(KIND, config, ok, reason, COMPUTES if ok else "")
+    return ok
 
 
 def _track_loads(layer, names):
@@ -132,12 +127,7 @@ def _quant_config_of(method):
     return getattr(method, "weight_quant", None) or method.quant_config
 
 
-def _wrap(method_module, method_cls) -> None:
-    vllm_init = method_cls.__init__
-    vllm_create = method_cls.create_weights
-    vllm_process = method_cls.process_weights_after_loading
-    scales, zeros = _PARAMS[method_cls.__name__]
-
+def _init(vllm_init, method_cls):
     def __init__(self, *args, **kwargs):
         quant = kwargs.get("weight_quant", args[0] if args else None)
         channel = (method_cls.__name__ == "CompressedTensorsWNA16MoEMethod"
@@ -149,29 +139,36 @@ def _wrap(method_module, method_cls) -> None:
             rest = dict(kwargs)
             rest.pop("weight_quant", None)
             vllm_init(self, grouped, *args[1:], **rest)
-            if self.experts_cls is not core.experts_class():
+            if not core.is_ours(self):
                 vllm_init(self, *args, **kwargs)  # vLLM's own choice, as without the plugin
                 return
             self.weight_quant, self.strategy, self.group_size = quant, quant.strategy, -1
-        if self.experts_cls is core.experts_class():
+        if core.is_ours(self):
             self.w4a8moe_scheme = scheme_of(_quant_config_of(self))[0]
 
+    return __init__
+
+
+def _patch(method_module, method_cls) -> None:
+    scales, zeros = _PARAMS[method_cls.__name__]
+
     def create_weights(self, layer, *args, **kwargs) -> None:
-        vllm_create(self, layer, *args, **kwargs)
-        if self.experts_cls is core.experts_class():
-            core.exact_scales(layer, scales)
-            if not self.w4a8moe_scheme["symmetric"]:
-                _track_loads(layer, zeros)
+        core.exact_scales(layer, scales)
+        if not self.w4a8moe_scheme["symmetric"]:
+            _track_loads(layer, zeros)
 
     def process_weights_after_loading(self, layer) -> None:
-        if self.experts_cls is not core.experts_class():
-            return vllm_process(self, layer)
         _pack_layer(self, layer, scales, zeros)
 
-    method_module.select_wna16_moe_backend = _select(method_module.select_wna16_moe_backend)
-    method_cls.__init__ = __init__
-    method_cls.create_weights = create_weights
-    method_cls.process_weights_after_loading = process_weights_after_loading
+    module, name = method_module.__name__, method_cls.__name__
+    patches.replace(module, "select_wna16_moe_backend", __name__,
+                    lambda vllm: core.wrap(vllm, core.selected, _takes))
+    patches.replace(module, f"{name}.__init__", __name__,
+                    lambda vllm: _init(vllm, method_cls))
+    patches.replace(module, f"{name}.create_weights", __name__,
+                    lambda vllm: core.wrap(vllm, create_weights, core.is_ours, after=True))
+    patches.replace(module, f"{name}.process_weights_after_loading", __name__,
+                    lambda vllm: core.wrap(vllm, process_weights_after_loading, core.is_ours))
 
 
 def install() -> None:
@@ -180,9 +177,9 @@ def install() -> None:
         compressed_tensors_moe_wna16 as ct,
     )
 
-    _wrap(ct, ct.CompressedTensorsWNA16MoEMethod)
-    _wrap(auto_gptq, auto_gptq.AutoGPTQMoEMethod)
-    _wrap(auto_awq, auto_awq.AutoAWQMoEMethod)
+    _patch(ct, ct.CompressedTensorsWNA16MoEMethod)
+    _patch(auto_gptq, auto_gptq.AutoGPTQMoEMethod)
+    _patch(auto_awq, auto_awq.AutoAWQMoEMethod)
 
 
 def _pack_layer(method, layer, scales, zeros) -> None:
