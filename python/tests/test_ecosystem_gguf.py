@@ -147,13 +147,19 @@ def write_qwen3moe_layer(path, router, q_gate, q_up, down, K, I):
            ("add_embedding_length", H), ("add_expert_feed_forward_length", I)])
 
 
-def test_qwen3moe_layer_written_by_gguf(tmp_path):
-    E, K, H, I, T = 8, 2, 256, 128, 24
-    rng = np.random.default_rng(11)
+def random_moe_layer(rng, E, H, I):
+    """Float32 router [E, H], gate and up [E, I, H], down [E, H, I], outputs of order one."""
     router = (rng.standard_normal((E, H)) / np.sqrt(H)).astype(np.float32)
     gate = (rng.standard_normal((E, I, H)) * 1.5 / np.sqrt(H)).astype(np.float32)
     up = (rng.standard_normal((E, I, H)) * 1.5 / np.sqrt(H)).astype(np.float32)
     down = (rng.standard_normal((E, H, I)) / np.sqrt(I)).astype(np.float32)
+    return router, gate, up, down
+
+
+def test_qwen3moe_layer_written_by_gguf(tmp_path):
+    E, K, H, I, T = 8, 2, 256, 128, 24
+    rng = np.random.default_rng(11)
+    router, gate, up, down = random_moe_layer(rng, E, H, I)
     q_gate, q_up = quants.quantize(gate, Q.Q4_0), quants.quantize(up, Q.Q4_0)
     q_down = quants.quantize(down, Q.Q8_0)
     path = tmp_path / "qwen3moe.gguf"
@@ -213,10 +219,7 @@ def test_mxfp4_layer_written_by_gguf_runs_exactly(tmp_path):
     # them as mxfp4, and the output is the exact reference's over gguf's own decoding of them.
     E, K, H, I, T = 8, 2, 256, 128, 24
     rng = np.random.default_rng(12)
-    router = (rng.standard_normal((E, H)) / np.sqrt(H)).astype(np.float32)
-    gate = (rng.standard_normal((E, I, H)) * 1.5 / np.sqrt(H)).astype(np.float32)
-    up = (rng.standard_normal((E, I, H)) * 1.5 / np.sqrt(H)).astype(np.float32)
-    down = (rng.standard_normal((E, H, I)) / np.sqrt(I)).astype(np.float32)
+    router, gate, up, down = random_moe_layer(rng, E, H, I)
     q = {n: quants.quantize(w, Q.MXFP4) for n, w in (("gate", gate), ("up", up), ("down", down))}
     path = tmp_path / "mxfp4.gguf"
     write_gguf(path, "qwen3moe", {

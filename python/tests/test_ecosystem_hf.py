@@ -159,6 +159,15 @@ def case_id(case):
     return f"{arch}-{what}{asym}-{str(dtype).split('.')[-1]}"
 
 
+def assert_near_transformers(out, ref, label):
+    """out within TOLERANCE (relative RMS) of transformers' block output ref, of order one."""
+    size = ref.double().pow(2).mean().sqrt().item()
+    assert 0.1 < size < 10, f"reference RMS {size:.3g} is not of order one"
+    err = relative_rms(out.float(), ref)
+    print(f"{label}: relative RMS error {err:.4f} against transformers' block")
+    assert err < TOLERANCE, f"{label}: relative RMS error {err:.3g} against transformers' block"
+
+
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_layer_matches_transformers_block(case, tmp_path):
     arch, strategy, group_size, dtype, targets, flags = case[:6]
@@ -203,11 +212,7 @@ def test_layer_matches_transformers_block(case, tmp_path):
         want = [sorted(torch.topk(router.reshape(T, E)[t], k).indices.tolist()) for t in range(T)]
     assert [sorted(r.tolist()) for r in ids] == want, "routing differs from transformers'"
 
-    size = ref.double().pow(2).mean().sqrt().item()
-    assert 0.1 < size < 10, f"reference RMS {size:.3g} is not of order one"
-    err = relative_rms(out.float(), ref)
-    print(f"{case_id(case)}: relative RMS error {err:.4f} against transformers' block")
-    assert err < TOLERANCE, f"{case_id(case)}: relative RMS error {err:.3g} against transformers"
+    assert_near_transformers(out, ref, case_id(case))
     assert relative_rms(torch.zeros_like(out.float()), ref) > 0.5
 
 
@@ -269,8 +274,4 @@ def test_mxfp4_folder_matches_transformers_dequantize(tmp_path):
     ref = ref.reshape(T, H)
     want = [sorted(torch.nonzero(router[t]).flatten().tolist()) for t in range(T)]
     assert [sorted(r.tolist()) for r in ids] == want, "routing differs from transformers'"
-    size = ref.double().pow(2).mean().sqrt().item()
-    assert 0.1 < size < 10, f"reference RMS {size:.3g} is not of order one"
-    err = relative_rms(out.float(), ref)
-    print(f"gpt-oss MXFP4: relative RMS error {err:.4f} against transformers' block")
-    assert err < TOLERANCE, f"relative RMS error {err:.3g} against transformers' decoding"
+    assert_near_transformers(out, ref, "gpt-oss MXFP4")
