@@ -33,7 +33,7 @@ struct KernelSet {
   // int4_zero_point: the GEMM multiplies the offset nibbles w + 8 as int4's and starts each
   // scale group's sums of a lane at (z + 8) times the row's group term, which the quantizer
   // then writes as -SUM q (group_term_offset). Otherwise the GEMM multiplies w - z + 15 from
-  // terms -15 * SUM q (packed_format.hpp, kZeroPointOffset).
+  // terms -15 * SUM q (kernels/layout.hpp, kZeroPointOffset).
   bool zero_points_at_group_start;
   // The CPU features its kernels are compiled for: those of the ISA cluster named after the set
   // (cpu/isa.hpp; 0 for the portable set), which include those of any lower cluster whose

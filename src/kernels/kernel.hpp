@@ -11,7 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "pack/packed_format.hpp"
+#include "kernels/layout.hpp"
 
 namespace w4a8moe::detail {
 

@@ -37,7 +37,7 @@ inline float32x4_t load_scales4(const uint8_t* base, DType dtype, int64_t index)
 // int4 with zero points: for one panel and scale group, the byte 15 - (z + 8) of each output
 // row wherever the layout keeps that row's weights in the 16-byte registers of 64 weight bytes
 // (register i, byte j: row kRows[i][j]). Added to the offset nibbles w + 8 it gives w - z + 15 in
-// [0, 30], which the kernels multiply from group terms -15 * SUM q (packed_format.hpp,
+// [0, 30], which the kernels multiply from group terms -15 * SUM q (kernels/layout.hpp,
 // kZeroPointOffset): one `tbl` per register and group, one add per unpacked register.
 struct ZeroAdjust {
   uint8x16_t reg[4];
@@ -72,7 +72,7 @@ inline ZeroAdjust zero_adjust(const Geometry& g, const uint8_t* expert, int64_t 
 
 // Nibbles (one per byte) as the s8 weights the kernels multiply: offset nibbles (int4: w + 8) as
 // they are; with zero points plus their adjustment; mxfp4 codes through a `tbl` of 2 * e2m1 + 12
-// (packed_format.hpp, kMxfp4Unsigned).
+// (kernels/layout.hpp, kMxfp4Unsigned).
 template <WeightFormat kFormat>
 inline int8x16_t weights_of(uint8x16_t nibbles, uint8x16_t adjust) {
   if constexpr (kFormat == WeightFormat::mxfp4)

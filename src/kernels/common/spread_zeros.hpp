@@ -1,4 +1,4 @@
-// The zero points of int4_zero_point weights (packed_format.hpp: one byte per output row and
+// The zero points of int4_zero_point weights (kernels/layout.hpp: one byte per output row and
 // group) where the zmm and AMX kernels need them: in every byte of their row's dword lane, as
 // layout qu4_p16k8 places a row's 4 weight bytes per chunk. Plain data, shared by their files.
 #pragma once

@@ -207,7 +207,7 @@ class AmxUnpacker {
     // above them is ignored by the table's period of 16); a shuffle, not a shift, so that it
     // does not take the FP port the f32 scaling needs
     const __m512i high = _mm512_set1_epi64(0x3C342C241C140C04);
-    // mxfp4 codes: 2 * e2m1(code), the same four times (packed_format.hpp)
+    // mxfp4 codes: 2 * e2m1(code), the same four times (kernels/layout.hpp)
     alignas(64) static constexpr auto kMxfp4Table = [] {
       std::array<int8_t, 64> t{};
       for (size_t i = 0; i < t.size(); ++i) t[i] = kMxfp4Doubled[i % 16];

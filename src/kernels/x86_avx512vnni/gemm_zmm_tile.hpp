@@ -62,7 +62,7 @@ inline __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t* p) {
 // Output rows [n0, n0 + 16 * NP) of the padded row space. kChunks: chunks of 8 columns per scale
 // group when known at compile time (4: group 32), else 0 (read from the geometry). kDecode: how
 // the nibbles become u8 weights (mxfp4: 2 * e2m1 + 12, the rows' group terms then being
-// -12 * SUM q; zero points: w - z + 15, terms -15 * SUM q; packed_format.hpp, kMxfp4Offset and
+// -12 * SUM q; zero points: w - z + 15, terms -15 * SUM q; kernels/layout.hpp, kMxfp4Offset and
 // kZeroPointOffset).
 template <int M, int NP, int kChunks, Decode kDecode = Decode::int4>
 void tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {

@@ -72,7 +72,7 @@ void ymm_tile(const GemmArgs& args, int64_t n0, Prefetcher& pf) {
   const bool channelwise = kChunks == 0 && g.group_size < 0;
   const __m256i low4 = _mm256_set1_epi8(0x0f);
   // mxfp4: the nibbles are codes, turned into u8 weights 2 * e2m1 + 12 by a `vpshufb` each (the
-  // rows' group terms are then -12 * SUM q: packed_format.hpp, kMxfp4Offset)
+  // rows' group terms are then -12 * SUM q: kernels/layout.hpp, kMxfp4Offset)
   constexpr bool kMxfp4 = kFormat == WeightFormat::mxfp4;
   const __m256i mx_table = _mm256_broadcastsi128_si256(
       _mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4Unsigned)));
