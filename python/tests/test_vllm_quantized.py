@@ -149,11 +149,21 @@ def test_refusals_name_the_tensor():
     w = layer(2, 64, 64, 32, gen)
     qw13, qw2 = pack_inputs(w["w13"]["q"]), pack_inputs(w["w2"]["q"])
     s13, s2 = (w[n]["s"].transpose(1, 2).contiguous() for n in ("w13", "w2"))
-    with pytest.raises(ValueError, match=r"w2_qweight: expected torch.int32 \[2, 8, 64\]"):
+    with pytest.raises(RuntimeError, match=r"w2.weight of each expert: expected dtype i32, "
+                                           r"got i64"):
         pack_gptq_moe(qw13, qw2.to(torch.int64), s13, s2, 32)
+    with pytest.raises(RuntimeError, match=r"w2.scale of each expert: expected shape \[2, 64\], "
+                                           r"got \[1, 64\]"):
+        pack_gptq_moe(qw13, qw2, s13, s2[:, :1], 32)
     bad = w["w13"]["g_idx"].clone()
     bad[0, 40:42] = 0  # group 0 gets two inputs of group 1
-    with pytest.raises(ValueError, match=r"w13_g_idx: expected 32 inputs in each of the 2 groups"):
+    with pytest.raises(RuntimeError, match=r"w13.g_idx of each expert puts 34 inputs in group 0, "
+                                           r"expected the group size 32 \(expert 0\)"):
         pack_gptq_moe(qw13, qw2, s13, s2, 32, w13_g_idx=bad)
-    with pytest.raises(ValueError, match=r"w13_qzeros: expected torch.int32"):
+    with pytest.raises(ValueError, match=r"w13_qzeros, w2_qzeros: expected the zero points"):
         pack_gptq_moe(qw13, qw2, s13, s2, 32, sym=False)
+    zeros = pack_outputs(torch.full((2, 2, 128), 15), False)  # "gptq" stores zero - 1: 16
+    with pytest.raises(RuntimeError, match=r"w13.zero_point of each expert stores 15 at "
+                                           r"\[0, 0, 0\]: zero 16"):
+        pack_gptq_moe(qw13, qw2, s13, s2, 32, w13_qzeros=zeros,
+                      w2_qzeros=pack_outputs(torch.full((2, 2, 64), 7), False), sym=False)

@@ -6,7 +6,8 @@ dynamic int8 activations, as torch ops.
     out = w4a8moe.moe(x, topk_ids, topk_weights, w13_packed, w2_packed, activation="silu")
 
 Importing the package registers the ops under torch.ops.w4a8moe; the raw op
-torch.ops.w4a8moe.dynamic_4bit_int_moe has the schema and meaning of the original CPU operator.
+torch.ops.w4a8moe.dynamic_4bit_int_moe has the schema and meaning of vLLM's CPU operator
+torch.ops._C.dynamic_4bit_int_moe.
 Every op also has a Meta kernel (shapes and dtypes only), so it runs on meta tensors and under
 FakeTensorMode. Library errors are raised as RuntimeError with the library's message. Expert
 parallelism over torch.distributed: w4a8moe.distributed.
@@ -33,6 +34,8 @@ __all__ = [
     "linear",
     "moe",
     "moe_routed",
+    "pack_checkpoint_linear",
+    "pack_checkpoint_moe",
     "ops",
     "pack",
     "pack_linear",
@@ -54,8 +57,11 @@ torch.ops.load_library(_LIBRARY)
 ops = torch.ops.w4a8moe
 
 from . import _fake  # noqa: E402  (after the ops exist)
+from . import checkpoint as _checkpoint  # noqa: E402
+from .checkpoint import pack_checkpoint_linear, pack_checkpoint_moe  # noqa: E402
 
 _fake.register()
+_checkpoint.register_fake()
 
 
 class PackedInfo(NamedTuple):

@@ -12,6 +12,7 @@
 // AWQ (AutoAWQ "gemm"):
 //   M.qweight  I32 [K, N/8]   packed along the output in the order 0 2 4 6 1 3 5 7: output
 //                             8w + j in bits 4 kAwqNibble[j] of word [k, w]
+//                             (w4a8moe/checkpoint.hpp)
 //   M.qzeros   I32 [G, N/8]   the same order, zeros as is
 //   M.scales   F16 [G, N]
 //   element (k, n) = (q - zero) * scale of group k / group_size
@@ -31,9 +32,6 @@ struct GptqScheme {
   bool desc_act = false;         // GPTQ act-order: g_idx may permute the groups
   bool zeros_minus_one = false;  // GPTQ "gptq" (v1) checkpoints store zero - 1
 };
-
-// The nibble of AWQ's words holding output 8w + j (the inverse of its packing order).
-inline constexpr std::array<int, 8> kAwqNibble = {0, 4, 1, 5, 2, 6, 3, 7};
 
 // Reads config.json's quantization_config `q` (quant_method "gptq" or "awq"); throws Error naming
 // the folder unless the weights are 4-bit in a layout above.

@@ -93,32 +93,51 @@ std::vector<int32_t> HfLayer::load_rows(int which, int64_t e, uint8_t* nibbles, 
   }
   load_zero_points(which, e, zero_points);
   // actorder "group": weight_g_idx as GPTQ's g_idx
-  std::vector<int32_t> order =
-      group_order(which, e, "weight_g_idx", cols, g == -1 ? cols : g, g == -1 ? 1 : groups);
-  sort_columns(which, e, "weight_g_idx", order, nibbles, rows, cols);
+  const detail::CheckpointProjection cp = projection(which, e, "weight_g_idx");
+  std::vector<int32_t> order;
+  decoded([&] { order = detail::checkpoint_group_order(cp); });
+  check_order(which, e, "weight_g_idx", order);
+  detail::sort_checkpoint_columns(order, nibbles, rows, cols);
   return order;
 }
 
-// Act-order: each row's nibbles in `order` (none when empty); w13's only when the layer has an
-// input order (LayerInfo::w13_input_order), else the file contradicts its config.
-void HfLayer::sort_columns(int which, int64_t e, const char* g_idx,
-                           const std::vector<int32_t>& order, uint8_t* nibbles, int64_t rows,
-                           int64_t cols) const {
-  if (order.empty()) return;
-  if (which < 2 && !info_.w13_input_order)
-    fail(cat("tensor '", tensor_name(e, which, g_idx),
-             "' permutes the inputs (act-order) but config.json quantization_config says ",
-             is_gptq() ? "desc_act: false" : "no actorder \"group\""));
-  std::vector<uint8_t> row(static_cast<size_t>(cols / 2));
-  for (int64_t n = 0; n < rows; ++n) {
-    uint8_t* dst = nibbles + n * (cols / 2);
-    std::memcpy(row.data(), dst, row.size());
-    std::memset(dst, 0, row.size());
-    for (int64_t c = 0; c < cols; ++c) {
-      const int32_t k = order[static_cast<size_t>(c)];
-      const auto q = static_cast<uint8_t>((row[static_cast<size_t>(k / 2)] >> (4 * (k % 2))) & 15);
-      dst[c / 2] |= static_cast<uint8_t>(q << (4 * (c % 2)));
-    }
+// Act-order (an order not empty) is w13's only when the layer has an input order
+// (LayerInfo::w13_input_order), else the file contradicts its config.
+void HfLayer::check_order(int which, int64_t e, const char* g_idx,
+                          const std::vector<int32_t>& order) const {
+  if (order.empty() || which == 2 || info_.w13_input_order) return;
+  fail(cat("tensor '", tensor_name(e, which, g_idx),
+           "' permutes the inputs (act-order) but config.json quantization_config says ",
+           is_gptq() ? "desc_act: false" : "no actorder \"group\""));
+}
+
+// The library's view of projection `which` of expert e: its sizes, and its g_idx (checked here
+// as a file's tensor) when the file has one. The caller sets the format and the other views.
+detail::CheckpointProjection HfLayer::projection(int which, int64_t e, const char* g_idx) const {
+  const ProjectionShape p = projection_shape(info_, which);
+  detail::CheckpointProjection cp;
+  cp.rows = p.rows;
+  cp.cols = p.cols;
+  cp.group_size = info_.group_size;
+  const std::string name = tensor_name(e, which, g_idx);
+  cp.g_idx_name = cat("tensor '", name, "'");
+  if (has(name)) {
+    const TensorEntry& t = entry(name);
+    if ((t.dtype != DType::i32 && t.dtype != DType::i64) || t.shape != std::vector<int64_t>{p.cols})
+      fail(cat("tensor '", name, "' must be I32 or I64 ",
+               shape_string(std::vector<int64_t>{p.cols}), ", got ",
+               safetensors_dtype_name(t.dtype), " ", shape_string(t.shape)));
+    cp.g_idx = TensorView::of(bytes(name).data(), t.dtype, {p.cols});
+  }
+  return cp;
+}
+
+// The library's errors about a tensor's values, as this checkpoint's.
+void HfLayer::decoded(const std::function<void()>& decode) const {
+  try {
+    decode();
+  } catch (const Error& error) {
+    fail(error.what());
   }
 }
 
@@ -151,27 +170,33 @@ void HfLayer::load_zero_points(int which, int64_t e, int8_t* out) const {
              shape_string(std::vector<int64_t>{(rows + 7) / 8, groups}),
              " (packed along the rows) or I8 ", shape_string(std::vector<int64_t>{rows, groups}),
              ", got ", safetensors_dtype_name(t.dtype), " ", shape_string(t.shape)));
+  // the library's decoder for the forms it knows (I32 packed, I8 [rows, groups]); the I8 forms
+  // of one value per row or per tensor here
+  std::vector<int8_t> z(static_cast<size_t>(rows * groups));
   const std::span<const uint8_t> b = bytes(name);
+  if (packed || t.shape == std::vector<int64_t>{rows, groups}) {
+    detail::CheckpointProjection cp = projection(which, e, "weight_g_idx");
+    cp.format = CheckpointFormat::compressed_tensors;
+    cp.zero_point = TensorView::of(b.data(), t.dtype, {t.shape[0], t.shape[1]});
+    cp.zero_point_name = cat("tensor '", name, "'");
+    decoded([&] { detail::decode_checkpoint_zero_points(cp, nullptr, z.data()); });
+  } else {
+    for (int64_t i = 0; i < rows * groups; ++i) {
+      const int8_t v = reinterpret_cast<const int8_t*>(b.data())[stored == 1 ? 0 : i];
+      if (v < -8 || v > 7)
+        fail(cat("tensor '", name, "' holds ", int{v}, " at [", i / groups, ", ", i % groups,
+                 "], outside int4 [-8, 7]"));
+      z[static_cast<size_t>(i)] = v;
+    }
+  }
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t g = 0; g < groups; ++g) {
-      int z = 0;
-      if (packed) {
-        uint32_t word = 0;
-        std::memcpy(&word, b.data() + ((r / 8) * groups + g) * 4, 4);
-        z = static_cast<int>((word >> (4 * (r % 8))) & 0x0f) - 8;
-      } else {
-        z = reinterpret_cast<const int8_t*>(b.data())[stored == 1 ? 0 : r * groups + g];
-        if (z < -8 || z > 7)
-          fail(
-              cat("tensor '", name, "' holds ", z, " at [", r, ", ", g, "], outside int4 [-8, 7]"));
-      }
-      if (quantization_.symmetric) {
-        if (z != 0)
-          fail(cat("tensor '", name, "' holds zero point ", z, " at [", r, ", ", g,
-                   "] but config.json quantization_config says symmetric weights"));
-      } else {
-        out[r * groups + g] = static_cast<int8_t>(z);
-      }
+      const int8_t v = z[static_cast<size_t>(r * groups + g)];
+      if (!quantization_.symmetric)
+        out[r * groups + g] = v;
+      else if (v != 0)
+        fail(cat("tensor '", name, "' holds zero point ", int{v}, " at [", r, ", ", g,
+                 "] but config.json quantization_config says symmetric weights"));
     }
 }
 
@@ -185,7 +210,6 @@ std::vector<int32_t> HfLayer::load_gptq_rows(int which, int64_t e, uint8_t* nibb
   const ProjectionShape p = projection_shape(info_, which);
   const int64_t rows = p.rows, cols = p.cols, words = rows / 8;
   const int64_t groups = info_.group_size == -1 ? 1 : p.groups;
-  const int64_t g = info_.group_size == -1 ? cols : info_.group_size;
   const bool awq = gptq_.awq;
   const std::string qweight = tensor_name(e, which, "qweight");
   const uint8_t* qw =
@@ -199,95 +223,35 @@ std::vector<int32_t> HfLayer::load_gptq_rows(int which, int64_t e, uint8_t* nibb
   if (se.dtype != scale_dtype && scale_dtype != DType::f32)
     fail(cat("tensor '", scale_name, "' is ", safetensors_dtype_name(se.dtype),
              " but expert 0's scales are ", dtype_name(scale_dtype)));
-  const uint8_t* sb = bytes(scale_name).data();
-  const auto word_at = [](const uint8_t* base, int64_t i) {
-    uint32_t w = 0;
-    std::memcpy(&w, base + i * 4, 4);
-    return w;
-  };
-
-  if (!awq) {  // word [k / 8, n] holds row n's inputs 8w .. 8w + 7: four bytes of the row
-    for (int64_t w = 0; w < cols / 8; ++w)
-      for (int64_t n = 0; n < rows; ++n)
-        std::memcpy(nibbles + n * (cols / 2) + 4 * w, qw + (w * rows + n) * 4, 4);
-  } else {  // word [k, w] holds input k of rows 8w .. 8w + 7, in AWQ's nibble order
-    std::memset(nibbles, 0, static_cast<size_t>(rows * (cols / 2)));
-    for (int64_t k = 0; k < cols; ++k)
-      for (int64_t w = 0; w < words; ++w) {
-        const uint32_t word = word_at(qw, k * words + w);
-        for (int j = 0; j < 8; ++j) {
-          const auto q =
-              static_cast<uint8_t>((word >> (4 * kAwqNibble[static_cast<size_t>(j)])) & 15);
-          nibbles[(8 * w + j) * (cols / 2) + k / 2] |= static_cast<uint8_t>(q << (4 * (k % 2)));
-        }
-      }
-  }
+  // the values, through the library's decoder of these layouts (w4a8moe/checkpoint.hpp)
+  detail::CheckpointProjection cp = projection(which, e, "g_idx");
+  cp.format = awq                     ? CheckpointFormat::awq
+              : gptq_.zeros_minus_one ? CheckpointFormat::gptq
+                                      : CheckpointFormat::gptq_v2;
+  cp.weight = TensorView::of(qw, DType::i32, {awq ? cols : cols / 8, awq ? words : rows});
+  cp.weight_name = cat("tensor '", qweight, "'");
+  cp.scale = TensorView::of(bytes(scale_name).data(), se.dtype, {groups, rows});
+  cp.zero_point = TensorView::of(qz, DType::i32, {groups, words});
+  cp.zero_point_name = cat("tensor '", qzeros, "'");
+  std::vector<int8_t> zeros(static_cast<size_t>(rows * groups));
+  std::vector<int32_t> order;
+  decoded([&] {
+    order = detail::checkpoint_group_order(cp);
+    detail::decode_checkpoint_projection(cp, order, nullptr, nibbles, scales, scale_dtype,
+                                         zeros.data());
+  });
   for (int64_t b = 0; b < groups; ++b)
     for (int64_t n = 0; n < rows; ++n) {
-      const int64_t to = n * groups + b;
-      if (se.dtype == scale_dtype) {
-        const size_t size = dtype_bytes(scale_dtype);
-        std::memcpy(scales + static_cast<size_t>(to) * size,
-                    sb + static_cast<size_t>(b * rows + n) * size, size);
-      } else {
-        store_scale(scales, scale_dtype, to, detail::load_float(sb, se.dtype, b * rows + n));
-      }
-      const uint32_t word = word_at(qz, b * words + n / 8);
-      const int nibble = awq ? kAwqNibble[static_cast<size_t>(n % 8)] : static_cast<int>(n % 8);
-      const int stored = static_cast<int>((word >> (4 * nibble)) & 15);
-      const int zero = stored + (gptq_.zeros_minus_one ? 1 : 0);
-      if (zero > 15)
-        fail(cat("tensor '", qzeros, "' stores 15 at [", b, ", ", n,
-                 "]: zero 16 in a \"gptq\" checkpoint (zeros stored less one), outside [0, 15]"));
-      if (zero_points != nullptr) {
-        zero_points[to] = static_cast<int8_t>(zero - 8);
-      } else if (zero != 8) {
-        fail(cat("tensor '", qzeros, "' holds zero ", zero, " at [", b, ", ", n,
+      const int8_t z = zeros[static_cast<size_t>(n * groups + b)];
+      if (zero_points != nullptr)
+        zero_points[n * groups + b] = z;
+      else if (z != 0)
+        fail(cat("tensor '", qzeros, "' holds zero ", z + 8, " at [", b, ", ", n,
                  "] but config.json quantization_config says sym: true (every zero 8)"));
-      }
     }
-  // act-order: the inputs sorted by group, the columns with them
-  std::vector<int32_t> order = group_order(which, e, "g_idx", cols, g, groups);
-  sort_columns(which, e, "g_idx", order, nibbles, rows, cols);
+  check_order(which, e, "g_idx", order);
   if (const std::string name = tensor_name(e, which, "bias"); has(name))
     fail(cat("tensor '", name, "' exists: the experts' projections have no bias in w4a8moe"));
-  return order;
-}
-
-// GPTQ's g_idx (compressed-tensors' weight_g_idx) [cols], input k's group (k / g unless
-// act-order), as the column order that makes the groups contiguous: the inputs sorted by group,
-// stably, each group g of them. Empty when g_idx is absent or already k / g.
-std::vector<int32_t> HfLayer::group_order(int which, int64_t e, const char* g_idx, int64_t cols,
-                                          int64_t g, int64_t groups) const {
-  const std::string name = tensor_name(e, which, g_idx);
-  if (!has(name)) return {};
-  const TensorEntry& t = entry(name);
-  if ((t.dtype != DType::i32 && t.dtype != DType::i64) || t.shape != std::vector<int64_t>{cols})
-    fail(cat("tensor '", name, "' must be I32 or I64 ", shape_string(std::vector<int64_t>{cols}),
-             ", got ", safetensors_dtype_name(t.dtype), " ", shape_string(t.shape)));
-  const uint8_t* gi = bytes(name).data();
-  std::vector<int64_t> count(static_cast<size_t>(groups), 0);
-  bool trivial = true;
-  for (int64_t k = 0; k < cols; ++k) {
-    const int64_t b = detail::load_index(gi, t.dtype, k);
-    if (b < 0 || b >= groups)
-      fail(cat("tensor '", name, "' puts input ", k, " in group ", b, ", outside [0, ", groups,
-               ")"));
-    ++count[static_cast<size_t>(b)];
-    trivial &= b == k / g;
-  }
-  if (trivial) return {};
-  std::vector<int64_t> next(static_cast<size_t>(groups));
-  for (int64_t b = 0; b < groups; ++b) {
-    if (count[static_cast<size_t>(b)] != g)
-      fail(cat("tensor '", name, "' puts ", count[static_cast<size_t>(b)], " inputs in group ", b,
-               ", expected the group size ", g));
-    next[static_cast<size_t>(b)] = b * g;
-  }
-  std::vector<int32_t> order(static_cast<size_t>(cols));
-  for (int64_t k = 0; k < cols; ++k)
-    order[static_cast<size_t>(next[static_cast<size_t>(detail::load_index(gi, t.dtype, k))]++)] =
-        static_cast<int32_t>(k);
   return order;
 }
 

@@ -42,6 +42,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,7 @@
 #include "io/hf_config.hpp"
 #include "io/hf_tensors.hpp"
 #include "io/model_family.hpp"
+#include "pack/checkpoint_rows.hpp"
 
 namespace w4a8moe::io {
 
@@ -101,10 +103,10 @@ class HfLayer final : public LayerSource {
   void load_zero_points(int which, int64_t e, int8_t* out) const;
   std::vector<int32_t> load_gptq_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales,
                                       DType scale_dtype, int8_t* zero_points) const;
-  std::vector<int32_t> group_order(int which, int64_t e, const char* g_idx, int64_t cols, int64_t g,
-                                   int64_t groups) const;
-  void sort_columns(int which, int64_t e, const char* g_idx, const std::vector<int32_t>& order,
-                    uint8_t* nibbles, int64_t rows, int64_t cols) const;
+  detail::CheckpointProjection projection(int which, int64_t e, const char* g_idx) const;
+  void check_order(int which, int64_t e, const char* g_idx,
+                   const std::vector<int32_t>& order) const;
+  void decoded(const std::function<void()>& decode) const;
   void load_dense_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales,
                        DType scale_dtype) const;
   void load_fused_rows(int which, int64_t e, uint8_t* nibbles, uint8_t* scales, DType scale_dtype,

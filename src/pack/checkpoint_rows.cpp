@@ -114,13 +114,19 @@ std::vector<int32_t> checkpoint_group_order(const CheckpointProjection& p) {
   return order;
 }
 
-void decode_checkpoint_projection(const CheckpointProjection& p, const std::vector<int32_t>& order,
-                                  const int32_t* row_map, uint8_t* nibbles, uint8_t* scales,
-                                  DType scale_dtype, int8_t* zero_points) {
-  const int64_t rows = p.rows, cols = p.cols, groups = checkpoint_groups(p);
-  const int64_t row_bytes = cols / 2;
+namespace {
+
+int64_t source_row(const int32_t* row_map, int64_t n) {
+  return row_map == nullptr ? n : int64_t{row_map[n]};
+}
+
+}  // namespace
+
+void decode_checkpoint_weights(const CheckpointProjection& p, const int32_t* row_map,
+                               uint8_t* nibbles) {
+  const int64_t rows = p.rows, cols = p.cols, row_bytes = cols / 2;
   const CheckpointFormat f = p.format;
-  const auto source = [&](int64_t n) { return row_map == nullptr ? n : int64_t{row_map[n]}; };
+  const auto source = [&](int64_t n) { return source_row(row_map, n); };
 
   // weights: rows of nibbles, value + 8 (GPTQ's unsigned q; compressed-tensors' stored value)
   if (f == CheckpointFormat::compressed_tensors) {  // word [n, k / 8]: the row's own bytes
@@ -145,6 +151,11 @@ void decode_checkpoint_projection(const CheckpointProjection& p, const std::vect
         nibbles[n * row_bytes + k / 2] |= static_cast<uint8_t>(q << (4 * (k % 2)));
       }
   }
+}
+
+void sort_checkpoint_columns(const std::vector<int32_t>& order, uint8_t* nibbles, int64_t rows,
+                             int64_t cols) {
+  const int64_t row_bytes = cols / 2;
   if (!order.empty()) {  // act-order: each row's columns in group order
     std::vector<uint8_t> row(static_cast<size_t>(row_bytes));
     for (int64_t n = 0; n < rows; ++n) {
@@ -159,7 +170,13 @@ void decode_checkpoint_projection(const CheckpointProjection& p, const std::vect
       }
     }
   }
+}
 
+void decode_checkpoint_scales(const CheckpointProjection& p, const int32_t* row_map,
+                              uint8_t* scales, DType scale_dtype) {
+  const int64_t rows = p.rows, groups = checkpoint_groups(p);
+  const CheckpointFormat f = p.format;
+  const auto source = [&](int64_t n) { return source_row(row_map, n); };
   // scales [N, G]: GPTQ and AWQ store them [G, N]
   const size_t sbytes = dtype_bytes(scale_dtype);
   if (p.scale.dtype != scale_dtype && scale_dtype != DType::f32)
@@ -177,9 +194,14 @@ void decode_checkpoint_projection(const CheckpointProjection& p, const std::vect
       else
         store_float(scales, scale_dtype, to, load_float(p.scale.data, p.scale.dtype, from));
     }
+}
 
+void decode_checkpoint_zero_points(const CheckpointProjection& p, const int32_t* row_map,
+                                   int8_t* zero_points) {
+  const int64_t rows = p.rows, groups = checkpoint_groups(p);
+  const CheckpointFormat f = p.format;
+  const auto source = [&](int64_t n) { return source_row(row_map, n); };
   // zero points [N, G] as w4a8moe's z = zero - 8
-  if (zero_points == nullptr) return;
   if (p.zero_point.empty())
     throw Error(cat(p.zero_point_name,
                     ": expected the zero points of an asymmetric layer, got "
@@ -210,6 +232,15 @@ void decode_checkpoint_projection(const CheckpointProjection& p, const std::vect
       }
       zero_points[n * groups + b] = static_cast<int8_t>(zero - 8);
     }
+}
+
+void decode_checkpoint_projection(const CheckpointProjection& p, const std::vector<int32_t>& order,
+                                  const int32_t* row_map, uint8_t* nibbles, uint8_t* scales,
+                                  DType scale_dtype, int8_t* zero_points) {
+  decode_checkpoint_weights(p, row_map, nibbles);
+  sort_checkpoint_columns(order, nibbles, p.rows, p.cols);
+  decode_checkpoint_scales(p, row_map, scales, scale_dtype);
+  if (zero_points != nullptr) decode_checkpoint_zero_points(p, row_map, zero_points);
 }
 
 }  // namespace w4a8moe::detail

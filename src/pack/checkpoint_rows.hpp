@@ -40,6 +40,18 @@ void check_checkpoint_projection(const CheckpointProjection& p);
 // naming p.g_idx_name when a group index is out of range or a group's count is wrong.
 std::vector<int32_t> checkpoint_group_order(const CheckpointProjection& p);
 
+// The parts of decode_checkpoint_projection, for loaders that read some of a projection their
+// own way: the weights as stored (nibbles [N, K/2]), a row's columns in `order` (none when
+// empty), the scales, the zero points.
+void decode_checkpoint_weights(const CheckpointProjection& p, const int32_t* row_map,
+                               uint8_t* nibbles);
+void sort_checkpoint_columns(const std::vector<int32_t>& order, uint8_t* nibbles, int64_t rows,
+                             int64_t cols);
+void decode_checkpoint_scales(const CheckpointProjection& p, const int32_t* row_map,
+                              uint8_t* scales, DType scale_dtype);
+void decode_checkpoint_zero_points(const CheckpointProjection& p, const int32_t* row_map,
+                                   int8_t* zero_points);
+
 // Decodes the projection: nibbles [N, K/2] (uint8, element 2j low, value + 8) with the columns in
 // `order` (act-order: checkpoint_group_order(p); empty: as stored); scales [N, G] in scale_dtype
 // (the given dtype, or f32); zero_points [N, G] int8 (nullptr: symmetric, p.zero_point is not

@@ -118,47 +118,38 @@ def kernel_class():
     return _KERNEL
 
 
-def _unpack(param, wtype, packed_dim):
-    from vllm.model_executor.layers.quantization.utils.quant_utils import (
-        unpack_quantized_values_into_int32,
-    )
-
-    return unpack_quantized_values_into_int32(param.data, wtype, packed_dim)
-
-
 def _pack_layer(kernel, layer) -> None:
-    """vLLM's loaded tensors -> w4a8moe.pack_linear. GPTQ (and AWQ, which vLLM converts to GPTQ's
-    order first) hold qweight [K/8, N] packed along the inputs, scales [G, N], qzeros [G, N/8]
-    packed along the outputs; compressed-tensors weight_packed [N, K/8], weight_scale [N, G],
-    weight_zero_point [N/8, G]. The parameters' input_dim / output_dim say which."""
+    """vLLM's loaded tensors -> the library's checkpoint decoder (w4a8moe.pack_checkpoint_linear).
+    GPTQ (and AWQ, which vLLM converts to GPTQ's order first, its zeros as they are) hold qweight
+    [K/8, N] packed along the inputs, scales [G, N], qzeros [G, N/8] packed along the outputs;
+    compressed-tensors weight_packed [N, K/8], weight_scale [N, G], weight_zero_point [N/8, G].
+    The parameters' input_dim / output_dim say which."""
     import w4a8moe
 
     wq, ws, wz = kernel._get_weight_params(layer)
-    wtype = kernel.config.weight_type
     prefix = getattr(layer, "prefix", None) or type(layer).__name__
-    if getattr(wq, "input_dim", 0) == 1:  # [N, K/8]
-        u = _unpack(wq, wtype, 1)
-    else:  # [K/8, N]
-        u = _unpack(wq, wtype, 0).t()
-    weight = (u - 8).to(torch.int8).contiguous()  # [N, K]
-    rows, cols = weight.shape
-    scale = ws.data if getattr(ws, "output_dim", 1) == 0 else ws.data.t()
-    scale = scale.float().contiguous()
-    missing = torch.isnan(scale).any(1).nonzero().flatten().tolist()
+    rows_first = getattr(wq, "input_dim", 0) == 1  # [N, K/8]: compressed-tensors' layout
+    fmt = "compressed-tensors" if rows_first else "gptq_v2"
+    scale = ws.data
+    if (getattr(ws, "output_dim", 1) == 0) != rows_first:  # the scales the other way round
+        scale = scale.t()
+    by_row = scale if rows_first else scale.t()  # [N, G], a view
+    missing = torch.isnan(by_row).any(1).nonzero().flatten().tolist()
     if missing:
         raise ValueError(f"{prefix}: {kernel.w_s_name} of output row(s) {missing[:8]}"
                          f"{' ...' if len(missing) > 8 else ''} not loaded: the checkpoint "
                          f"lacks them")
     zero = None
     if kernel.config.zero_points:
-        zu = _unpack(wz, wtype, 0) if getattr(wz, "output_dim", 1) == 0 else _unpack(
-            wz, wtype, 1).t()
-        zero = (zu - 8).to(torch.int8).contiguous()  # [N, G]
+        zero = wz.data
+        if (getattr(wz, "output_dim", 1) == 0) != rows_first:
+            zero = zero.t()
     group = kernel.config.group_size
-    if group == -1:
-        scale = scale.reshape(rows)
-        zero = None if zero is None else zero.reshape(rows)
-    packed = w4a8moe.pack_linear(weight, scale, group, weight_zero_point=zero)
+    packed = w4a8moe.pack_checkpoint_linear(fmt, wq.data, scale.float().contiguous(), group,
+                                            zero_point=None if zero is None
+                                            else zero.contiguous())
+    info = w4a8moe.packed_info(packed)
+    rows, cols = info.rows, info.cols
     from vllm.model_executor.utils import replace_parameter
 
     for name in (kernel.w_q_name, kernel.w_s_name, kernel.w_zp_name):
@@ -168,7 +159,6 @@ def _pack_layer(kernel, layer) -> None:
     layer.register_buffer("w4a8moe_weight", packed, persistent=False)
     layer.w4a8moe_rows = rows
     memory.release_freed()
-    info = w4a8moe.packed_info(packed)
     core.trace(f"linear {cols} {rows} {group} {w4a8moe.active_kernel_set()} "
                f"{info.weight_format}")
 

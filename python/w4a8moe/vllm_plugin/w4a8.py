@@ -122,27 +122,26 @@ def check_weight_shapes(layer, rows13: int, hidden: int, inter: int, tp: int = 1
 def _pack_layer(method, layer) -> None:
     """What vLLM's W4A8 method does after loading, with w4a8moe's packing and experts."""
     import w4a8moe
-    from w4a8moe.vllm import nibbles_of
-
-    if getattr(layer, "w4a8moe_packed_input", False):
-        E, two_i = layer.w13_weight_packed.shape[:2]
-        H = layer.w2_weight_packed.shape[1]
-        check_weight_shapes(layer, two_i // 2, H, layer.w2_weight_packed.shape[2] * 8,
-                            method.moe.moe_parallel_config.tp_size)
-        # compressed-tensors packs along the inputs, low nibble first, values offset by 8:
-        # w4a8moe's nibble-packed layout, taken as it is
-        w13 = nibbles_of(layer.w13_weight_packed.data)
-        w2 = nibbles_of(layer.w2_weight_packed.data)
-    else:
-        w13, w2 = layer.w13_weight.data, layer.w2_weight.data
 
     _, layout = core.ACTIVATIONS[core.activation_name(method.moe)]
     core.check_scales_loaded(layer, ("w13_weight_scale", "w2_weight_scale"))
     bias13 = core.bias_of(layer, "w13_bias") if method.has_bias else None
     bias2 = core.bias_of(layer, "w2_bias") if method.has_bias else None
-    w13_packed, w2_packed = w4a8moe.pack(
-        w13, w2, layer.w13_weight_scale.data, layer.w2_weight_scale.data, method.group_size,
-        bias13, bias2, gate_up_layout=layout)
+    scale13, scale2 = layer.w13_weight_scale.data, layer.w2_weight_scale.data
+    if getattr(layer, "w4a8moe_packed_input", False):
+        E, two_i = layer.w13_weight_packed.shape[:2]
+        H = layer.w2_weight_packed.shape[1]
+        check_weight_shapes(layer, two_i // 2, H, layer.w2_weight_packed.shape[2] * 8,
+                            method.moe.moe_parallel_config.tp_size)
+        # compressed-tensors' weight_packed, decoded by the library (docs/checkpoints.md)
+        w13_packed, w2_packed = w4a8moe.pack_checkpoint_moe(
+            "compressed-tensors", layer.w13_weight_packed.data, scale13,
+            layer.w2_weight_packed.data, scale2, method.group_size, w13_bias=bias13,
+            w2_bias=bias2, gate_up_layout=layout)
+    else:
+        w13_packed, w2_packed = w4a8moe.pack(
+            layer.w13_weight.data, layer.w2_weight.data, scale13, scale2, method.group_size,
+            bias13, bias2, gate_up_layout=layout)
     for raw in ("w13_weight_shape", "w2_weight_shape"):
         if hasattr(layer, raw):
             delattr(layer, raw)

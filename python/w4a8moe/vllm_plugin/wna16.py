@@ -183,8 +183,8 @@ def install() -> None:
 
 
 def _pack_layer(method, layer, scales, zeros) -> None:
-    from w4a8moe.vllm import (_pack_zero_point_layer, _unpack_rows, nibbles_of, pack_awq_moe,
-                              pack_gptq_moe)
+    from w4a8moe.checkpoint import pack_checkpoint_moe
+    from w4a8moe.vllm import pack_awq_moe, pack_gptq_moe
 
     from .w4a8 import check_weight_shapes
 
@@ -200,18 +200,17 @@ def _pack_layer(method, layer, scales, zeros) -> None:
     bias2 = core.bias_of(layer, "w2_bias", loaded_only)
     s13, s2 = (getattr(layer, n).data for n in scales)
     if fmt == "compressed-tensors":
-        # weight_packed [E, N, K/8]: input k in bits 4 (k % 8), stored q + 8; zero points
-        # [E, N/8, G] packed along the rows the same way (docs/checkpoints.md)
-        q13 = nibbles_of(layer.w13_weight_packed.data)  # [E, 2I, H/2], no copy
-        q2 = nibbles_of(layer.w2_weight_packed.data)
-        check_weight_shapes(layer, q13.shape[1] // 2, 2 * q13.shape[2], 2 * q2.shape[2],
+        # weight_packed [E, N, K/8], scales [E, N, G], zero points [E, N/8, G] (docs/
+        # checkpoints.md), decoded by the library
+        w13q, w2q = layer.w13_weight_packed.data, layer.w2_weight_packed.data
+        check_weight_shapes(layer, w13q.shape[1] // 2, 8 * w13q.shape[2], 8 * w2q.shape[2],
                             method.moe.moe_parallel_config.tp_size)
-        z13 = z2 = None
-        if not symmetric:
-            z13 = _unpack_rows(layer.w13_weight_zero_point.data)
-            z2 = _unpack_rows(layer.w2_weight_zero_point.data)
-        w13_packed, w2_packed = _pack_zero_point_layer(
-            q13, q2, z13, z2, s13, s2, group, None, None, "", symmetric, bias13, bias2, layout)
+        w13_packed, w2_packed = pack_checkpoint_moe(
+            "compressed-tensors", w13q, s13, w2q, s2, group,
+            w13_zero_point=None if symmetric else layer.w13_weight_zero_point.data,
+            w2_zero_point=None if symmetric else layer.w2_weight_zero_point.data,
+            w13_bias=None if bias13 is None else bias13.float(),
+            w2_bias=None if bias2 is None else bias2.float(), gate_up_layout=layout)
         free = ["w13_weight_packed", "w2_weight_packed", "w13_weight_shape", "w2_weight_shape"]
     elif fmt in ("gptq", "gptq_v2"):
         w13_packed, w2_packed = pack_gptq_moe(
