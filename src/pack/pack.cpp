@@ -202,6 +202,41 @@ int8_t read_zero_point(const PackJob& job, int64_t e, int64_t src_row, int64_t b
   return z;
 }
 
+// Nibbles 0..3 of v at bits 8i (a byte each, high nibbles zero).
+constexpr uint32_t spread_nibbles(uint32_t v) noexcept {
+  v = (v | (v << 8)) & 0x00ff00ffu;
+  return (v | (v << 4)) & 0x0f0f0f0fu;
+}
+
+// The panel layouts of 8-column chunks with nibbles w + 8 (qu4_p16k8, qu4_p8k8) from int4 given
+// nibble-packed, which already holds w + 8: row pr's chunks straight from its bytes (element
+// 2m low and 2m + 1 high in byte m; a chunk's byte j wants elements j and j + 4), and each
+// group's sum of w (nibble - 8) into `sums`. `bytes` holds the row padded with 0x88 (w = 0).
+bool packs_nibbles_directly(const PackJob& job, const LayoutInfo& info) {
+  const LayoutId id = job.g.layout;
+  return job.in.nibbles && info.offset_nibbles && !info.int8_bytes &&
+         job.g.weight_format != WeightFormat::mxfp4 && !job.g.int8_planes() &&
+         (id == LayoutId::qu4_p16k8 || id == LayoutId::qu4_p8k8);
+}
+
+void write_nibble_row(const Geometry& g, const LayoutInfo& info, int64_t pr, const uint8_t* bytes,
+                      uint8_t* block, int64_t* sums) {
+  const int64_t P = info.panel;
+  uint8_t* panel = g.panel_at(block, pr / P) + 4 * (pr % P);
+  for (int64_t c = 0; c < g.cols_padded / 8; ++c) {
+    uint32_t x = 0;
+    std::memcpy(&x, bytes + 4 * c, 4);
+    const uint32_t out = spread_nibbles(x & 0xffffu) | (spread_nibbles(x >> 16) << 4);
+    std::memcpy(panel + c * 4 * P, &out, 4);
+  }
+  for (int64_t b = 0; b < g.groups; ++b) {
+    int64_t sum = 0;
+    for (int64_t m = b * g.group_len / 2; m < (b + 1) * g.group_len / 2; ++m)
+      sum += (bytes[m] & 15) + (bytes[m] >> 4);
+    sums[b] = sum - 8 * g.group_len;
+  }
+}
+
 // Rows per packing task of one expert: a multiple of kBlockRows (and so of every panel height),
 // so that the rows [j0, j1) of every part that a task packs are whole panels of their own.
 constexpr int64_t kPackRows = 4 * kBlockRows;
@@ -214,6 +249,9 @@ void pack_rows(const PackJob& job, int64_t e, uint8_t* block, int64_t j0, int64_
   std::vector<int8_t> row(cols);
   std::vector<uint8_t> codes(cols), nib(cols);
   const size_t sbytes = dtype_bytes(g.scale_dtype);
+  const bool direct = packs_nibbles_directly(job, info);
+  std::vector<int64_t> sums(static_cast<size_t>(g.groups));
+  std::vector<uint8_t> bytes(direct ? cols / 2 : 0, uint8_t{0x88});
   for (int64_t part = 0; part < g.parts; ++part)
     for (int64_t j = j0; j < j1; ++j) {
       const int64_t pr = g.stored_row(part, j);
@@ -229,11 +267,19 @@ void pack_rows(const PackJob& job, int64_t e, uint8_t* block, int64_t j0, int64_
         continue;  // the buffer is zero-filled: scales, correction and bias stay 0
       }
       const int64_t n = part * g.part_rows + j;
-      read_row(job, e, n, row.data(), codes.data());
-      stored_nibbles(g, info, row.data(), codes.data(), nib.data());
-      write_weights(g, info, pr, nib.data(), block);
-      // scales, in the stored dtype; the correction uses the stored values
       const int64_t src_row = source_row(job, n);
+      if (direct) {
+        std::memcpy(bytes.data(),
+                    static_cast<const uint8_t*>(job.w->data) +
+                        (e * job.in.rows + src_row) * (job.in.cols / 2),
+                    static_cast<size_t>(job.in.cols / 2));
+        write_nibble_row(g, info, pr, bytes.data(), block, sums.data());
+      } else {
+        read_row(job, e, n, row.data(), codes.data());
+        stored_nibbles(g, info, row.data(), codes.data(), nib.data());
+        write_weights(g, info, pr, nib.data(), block);
+      }
+      // scales, in the stored dtype; the correction uses the stored values
       const int64_t P = info.panel, q = pr / P, r = pr % P;
       uint8_t* scales = g.panel_scales(block, q);
       double zsum = 0.0;
@@ -246,8 +292,12 @@ void pack_rows(const PackJob& job, int64_t e, uint8_t* block, int64_t j0, int64_
         const int8_t z = g.has_zeros() ? read_zero_point(job, e, src_row, b) : int8_t{0};
         if (g.has_zeros()) g.panel_zeros(block, q)[b * P + r] = static_cast<uint8_t>(z + 8);
         int64_t wsum = 0;
-        for (int64_t k = b * g.group_len; k < (b + 1) * g.group_len; ++k)
-          wsum += row[static_cast<size_t>(k)] - z;
+        if (direct) {
+          wsum = sums[static_cast<size_t>(b)] - g.group_len * z;
+        } else {
+          for (int64_t k = b * g.group_len; k < (b + 1) * g.group_len; ++k)
+            wsum += row[static_cast<size_t>(k)] - z;
+        }
         wsum_row += wsum;
         zsum += static_cast<double>(stored) * static_cast<double>(wsum);
       }
