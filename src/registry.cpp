@@ -101,7 +101,8 @@ constexpr KernelSet kTable[] = {
      .gemms = {{neon::kTileM, neon::gemm_qa8_qu4p8k8}},
      .activate = neon::activate},
 #endif
-#if defined(W4A8MOE_X86)
+#if defined(W4A8MOE_X86) && defined(W4A8MOE_MODEL_SETS)
+    // The software models, built with the tests (W4A8MOE_MODEL_SETS of CMakeLists.txt).
     // the AMX set on the software model of the tiles: only when the cap names it
     {.name = "amxemu",
      .layout = LayoutId::qu4_p16k8,
