@@ -53,7 +53,7 @@ void expect_matches_exact(const CaseSpec& spec) {
   EXPECT_TRUE(moe_test::matches_exact(c, out.to_float(), moe_ref::exact_forward(c.problem)));
 }
 
-// ---- the original project's grid ---------------------------------------------------------------
+// ---- the grid of vLLM's dynamic 4-bit int MoE CPU test (OriginalGrid) -------------------------
 //
 // tokens 1, 2, 64, 128 x (I, H, E, top-k, g) x x dtype f32, bf16, f16.
 
@@ -92,7 +92,7 @@ TEST_P(OriginalGrid, MatchesExactReference) { expect_matches_exact(GetParam().sp
 
 INSTANTIATE_TEST_SUITE_P(Forward, OriginalGrid, testing::ValuesIn(original_grid()), test_name);
 
-// ---- beyond the original grid ------------------------------------------------------------------
+// ---- beyond vLLM's grid -------------------------------------------------------------------------
 
 CaseSpec base(int64_t tokens = 64) {  // K 2
   return {.tokens = tokens, .hidden = 512, .inter = 256, .experts = 8, .group_size = 128};
@@ -617,7 +617,7 @@ TEST_F(ComparisonRejects, OneElementPerturbed) {
 }
 
 TEST_F(ComparisonRejects, OutputsNotOfOrderOne) {
-  // Scales 1e-4 times smaller give outputs near 1e-4 (the original test's data): the helper
+  // Scales 1e-4 times smaller give outputs near 1e-4 (the data of vLLM's test): the helper
   // refuses to call such a comparison a pass, whatever the library returns.
   Case tiny = case_;
   for (float& s : tiny.problem.w2_scale) s *= 1e-4f;

@@ -44,8 +44,8 @@ def make_weights(
     experts, inter, hidden, group_size, seed, *, scale_dtype=None, bias=False, gain13=1.5,
     gain2=1.0, gate_up_layout="halves",
 ):
-    """Scales as the original test makes them unless scale_dtype is given: bfloat16 groupwise,
-    float32 [E, N, 1] channelwise."""
+    """Scales as vLLM's test of its dynamic 4-bit int MoE CPU path makes them unless scale_dtype
+    is given: bfloat16 groupwise, float32 [E, N, 1] channelwise."""
     gen = torch.Generator().manual_seed(seed)
     w13 = torch.randint(-8, 8, (experts, 2 * inter, hidden), dtype=torch.int8, generator=gen)
     w2 = torch.randint(-8, 8, (experts, hidden, inter), dtype=torch.int8, generator=gen)
@@ -67,8 +67,8 @@ def make_weights(
 
 
 def make_inputs(tokens, hidden, experts, top_k, seed, dtype=torch.float32):
-    """x [T, H] of order one; routing as the original test (softmax over the experts of bf16
-    scores, top-k, weights not renormalised)."""
+    """x [T, H] of order one; routing as vLLM's test of its dynamic 4-bit int MoE CPU path
+    (softmax over the experts of bf16 scores, top-k, weights not renormalised)."""
     gen = torch.Generator().manual_seed(seed + 1000)
     x = torch.randn(tokens, hidden, generator=gen).to(dtype)
     score = torch.randn(tokens, experts, generator=gen).to(torch.bfloat16)

@@ -159,7 +159,7 @@ def test_channelwise_scales_two_or_three_dimensional():
     weights = make_weights(4, 128, 256, -1, 3)
     x, ids, wts = make_inputs(20, 256, 4, 2, 3)
     out = w4a8moe.moe(x, ids, wts, *weights.pack())
-    assert weights.w13_scale.dim() == 3  # [E, N, 1], as the original
+    assert weights.w13_scale.dim() == 3  # [E, N, 1], as vLLM's test makes them
     weights.w13_scale = weights.w13_scale[..., 0]
     weights.w2_scale = weights.w2_scale[..., 0]
     assert torch.equal(w4a8moe.moe(x, ids, wts, *weights.pack()), out)

@@ -1,5 +1,6 @@
-"""The original project's test grid (168 cases) against the plain-torch reference, with data
-whose outputs are of order one and tolerances that a zero output or a wrong activation fails."""
+"""The test grid of vLLM's dynamic 4-bit int MoE CPU path (168 cases) against the plain-torch
+reference, with data whose outputs are of order one and tolerances that a zero output or a wrong
+activation fails."""
 
 import functools
 
@@ -10,7 +11,7 @@ import w4a8moe
 from moe_data import assert_differs, assert_matches, make_inputs, make_weights
 
 NUM_TOKENS = [1, 2, 64, 128]
-# (intermediate I, hidden H, experts E, top-k, group size g), as in the original test
+# (intermediate I, hidden H, experts E, top-k, group size g), as in vLLM's test
 MOE_CONFIGS = [
     (256, 512, 8, 2, 128),
     (256, 512, 8, 2, 64),

@@ -145,8 +145,8 @@ def reference_moe(
     w13 [E, 2I, H] and w2 [E, H, I]: int8 int4 values (or nibble-packed uint8 with half the
     last dimension); scales [E, N, K/g] (or [E, N] / [E, N, 1] when group_size is -1); biases
     [E, 2I] and [E, H] or None. activation: a name or the integer code. With
-    quantize_activations=False it is the float reference of the original project (dequantized
-    weights, no activation quantization).
+    quantize_activations=False it is the float reference of vLLM's test of its dynamic 4-bit int
+    MoE CPU path (dequantized weights, no activation quantization).
     """
     if gate_up_layout not in ("halves", "interleaved"):
         raise ValueError(

@@ -7,8 +7,9 @@
 //   exact_forward: the contract itself. quant_row in f32 exactly as docs/operator.md says, exact
 //     integer dot products, group and scale sums in double, the activation in double, the
 //     intermediate converted to f32 and requantized likewise, the output accumulated in double.
-//   float_forward: dequantized weights (w * s), no activation quantization, double math (like the
-//     original project's ref_int4_moe). The distance to it is what the int8 activations cost.
+//   float_forward: dequantized weights (w * s), no activation quantization, double math (like
+//     ref_int4_moe of vLLM's dynamic 4-bit int MoE CPU test). The distance to it is what the int8
+//     activations cost.
 #pragma once
 
 #include <cstdint>
