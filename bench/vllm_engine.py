@@ -40,7 +40,8 @@ bfloat16 rows of the whole models).
     $V/bin/python bench/vllm_engine.py --shape gpt-oss-20b --layers 24 --vocab 201088 --only mxfp4,llama.cpp
     $V/bin/python bench/vllm_engine.py --shape deepseek-v2-lite --layers 4 --vocab 102400
 
-Prints a Markdown table; --json adds one JSON line per row.
+Prints a Markdown table; --json adds one JSON line per row. --load-only stops each engine once
+it is ready (the load's columns: the before and after of a change to loading or packing).
 """
 
 import argparse
@@ -162,6 +163,12 @@ def run_one(path, args):
 
     result["threads"] = torch.get_num_threads()
 
+    if args.load_only:
+        result["peak_rss_gb"] = _rss_gb("VmHWM")
+        result.update(parts.stop())
+        print(json.dumps(result))
+        return
+
     def timed(prompts, tokens):
         params = SamplingParams(max_tokens=tokens, min_tokens=tokens, temperature=0.0,
                                 ignore_eos=True, detokenize=False)
@@ -199,7 +206,8 @@ def _vllm_row(args, path, env_extra):
         env["OMP_NUM_THREADS"] = str(args.threads)
         proc = subprocess.run([sys.executable, __file__, "--run-one", path] + [
             f"--{k}={getattr(args, k)}" for k in ("vocab", "decode", "repeat")] + (
-            ["--eager"] if args.eager else []), capture_output=True, text=True, env=env)
+            ["--eager"] if args.eager else []) + (["--load-only"] if args.load_only else []),
+            capture_output=True, text=True, env=env)
         packed = linear = int8 = 0
         if os.path.exists(trace):
             with open(trace, encoding="utf-8") as f:
@@ -269,6 +277,9 @@ def main():
     parser.add_argument("--keep-logs", action="store_true",
                         help="write each engine's log to ROOT/log-<folder>.txt")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--load-only", action="store_true",
+                        help="stop when the engine is ready: the load's columns only (no llama.cpp "
+                             "row)")
     parser.add_argument("--run-one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run_one:
@@ -316,7 +327,7 @@ def main():
         rows.append((row_id, weights.format(g=args.group), path, r))
         if args.json:
             print(json.dumps({"config": row_id, "path": path, **r}), flush=True)
-    if PEER in wanted:
+    if PEER in wanted and not args.load_only:
         r = _peer_row(args)
         rows.append((PEER, r.pop("weights", "GGUF"), r.pop("path", PEER), r))
         if args.json:

@@ -45,7 +45,8 @@ class ExpertPacker {
   PackOptions options_;
   int64_t appended_ = 0;
   PackedWeights packed_;
-  PackedInfo first_{};
+  // The first chunk's header, in the packed format's own layout (src/pack/packed_format.hpp).
+  alignas(8) unsigned char first_header_[128] = {};
 };
 
 }  // namespace w4a8moe

@@ -1,17 +1,31 @@
-// Streamed packing: each chunk is packed by the ordinary packer, then its expert blocks
-// are copied into the buffer of the whole tensor, whose header is the chunk's with the expert
-// count and size of the whole.
+// Streamed packing: each chunk is packed by the ordinary packer straight into its place in the
+// buffer of the whole tensor, whose header is the first chunk's with the expert count and size
+// of the whole.
 #include "w4a8moe/expert_packer.hpp"
 
 #include <cstring>
 #include <utility>
 
 #include "common/format.hpp"
+#include "pack/pack_into.hpp"
 #include "pack/packed_format.hpp"
 
 namespace w4a8moe {
 
 using detail::cat;
+
+namespace {
+
+// A chunk's header in the words of ExpertPacker's errors.
+std::string describe(const detail::PackedHeader& h) {
+  return cat(h.rows, " x ", h.cols, ", group ", h.group_size, ", scales ",
+             dtype_name(static_cast<DType>(h.scale_dtype)),
+             (h.flags & detail::kFlagBias) != 0 ? ", bias" : ", no bias",
+             (h.flags & detail::kFlagInputOrder) != 0 ? ", input order" : "", ", layout ",
+             detail::layout_info(h.layout, "layout").name);
+}
+
+}  // namespace
 
 ExpertPacker::ExpertPacker(WeightRole role, int64_t experts, PackOptions options)
     : role_(role), experts_(experts), options_(std::move(options)) {
@@ -39,42 +53,45 @@ void ExpertPacker::append(const TensorView& w, const TensorView& scale,
                     experts_, "), got a chunk of ", w.shape[0]));
   PackOptions options = options_;
   options.input_order = input_order;
-  const PackedWeights chunk = role_ == WeightRole::w13
-                                  ? pack_w13(w, scale, zero_point, bias, options)
-                                  : pack_w2(w, scale, zero_point, bias, options);
-  const PackedInfo info = chunk.info();
-  if (appended_ == 0) {
-    first_ = info;
-    // the whole tensor's geometry (its size, checked for overflow)
-    const detail::Geometry g =
-        detail::make_geometry(detail::read_geometry(chunk.bytes(), name).layout, role_, experts_,
-                              info.rows, info.cols, info.group_size, info.scale_dtype,
-                              info.has_bias, info.weight_format, name, info.has_input_order);
-    packed_ = PackedWeights::allocate(g.total_bytes);
-    detail::PackedHeader h;
-    std::memcpy(&h, chunk.bytes().data(), sizeof h);
-    h.experts = static_cast<uint32_t>(experts_);
-    h.total_bytes = g.total_bytes;
-    h.checksum = detail::header_checksum(h);
-    std::memcpy(packed_.data(), &h, sizeof h);
-  } else if (info.layout != first_.layout || info.rows != first_.rows || info.cols != first_.cols ||
-             info.group_size != first_.group_size || info.scale_dtype != first_.scale_dtype ||
-             info.has_bias != first_.has_bias || info.expert_bytes != first_.expert_bytes ||
-             info.has_input_order != first_.has_input_order) {
-    throw Error(
-        cat(name, ": expected chunks like the first (", first_.rows, " x ", first_.cols, ", group ",
-            first_.group_size, ", scales ", dtype_name(first_.scale_dtype),
-            first_.has_bias ? ", bias" : ", no bias", first_.has_input_order ? ", input order" : "",
-            ", layout ", first_.layout, "), got ", info.rows, " x ", info.cols, ", group ",
-            info.group_size, ", scales ", dtype_name(info.scale_dtype),
-            info.has_bias ? ", bias" : ", no bias", info.has_input_order ? ", input order" : "",
-            ", layout ", info.layout, " at expert ", appended_));
-  }
-  const size_t block_bytes = static_cast<size_t>(info.experts) * info.expert_bytes;
-  std::memcpy(
-      packed_.data() + detail::kHeaderBytes + static_cast<size_t>(appended_) * info.expert_bytes,
-      chunk.bytes().data() + detail::kHeaderBytes, block_bytes);
-  appended_ += info.experts;
+  int64_t chunk_experts = 0;
+  detail::PackedHeader first;
+  static_assert(sizeof first == sizeof first_header_);
+  std::memcpy(&first, first_header_, sizeof first);
+  // packed straight into the whole buffer, after the experts appended before
+  detail::pack_into(
+      role_, w, scale, zero_point, bias, options, detail::names_of(role_),
+      [&](const detail::PackedHeader& h) -> uint8_t* {
+        chunk_experts = h.experts;
+        if (appended_ == 0) {
+          first = h;
+          std::memcpy(first_header_, &h, sizeof h);
+          // the whole tensor's geometry (its size, checked for overflow)
+          const detail::Geometry g = detail::make_geometry(
+              static_cast<detail::LayoutId>(h.layout), role_, experts_, h.rows, h.cols,
+              h.group_size, static_cast<DType>(h.scale_dtype), (h.flags & detail::kFlagBias) != 0,
+              static_cast<WeightFormat>(h.weight_format), name,
+              (h.flags & detail::kFlagInputOrder) != 0);
+          if (g.total_bytes > options_.memory_limit)
+            throw Error(cat(name, ": the packed buffer needs ", g.total_bytes,
+                            " bytes, more than the memory limit of ", options_.memory_limit,
+                            " bytes (PackOptions::memory_limit)"));
+          packed_ = PackedWeights::allocate(g.total_bytes);
+          detail::PackedHeader whole = h;
+          whole.experts = static_cast<uint32_t>(experts_);
+          whole.total_bytes = g.total_bytes;
+          whole.checksum = detail::header_checksum(whole);
+          std::memcpy(packed_.data(), &whole, sizeof whole);
+        } else if (h.layout != first.layout || h.rows != first.rows || h.cols != first.cols ||
+                   h.group_size != first.group_size || h.scale_dtype != first.scale_dtype ||
+                   h.flags != first.flags || h.expert_bytes != first.expert_bytes ||
+                   h.weight_format != first.weight_format) {
+          throw Error(cat(name, ": expected chunks like the first (", describe(first), "), got ",
+                          describe(h), " at expert ", appended_));
+        }
+        return packed_.data() + detail::kHeaderBytes +
+               static_cast<size_t>(appended_) * first.expert_bytes;
+      });
+  appended_ += chunk_experts;
 }
 
 PackedWeights ExpertPacker::finish() && {

@@ -1,5 +1,6 @@
 // Logical int4 expert weights -> the packed buffer of the layout that the chosen kernel set reads.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <thread>
@@ -8,6 +9,7 @@
 #include "common/argument_checks.hpp"
 #include "common/format.hpp"
 #include "common/numeric.hpp"
+#include "pack/pack_into.hpp"
 #include "pack/packed_format.hpp"
 #include "registry.hpp"
 #include "thread_pool.hpp"
@@ -208,19 +210,29 @@ constexpr uint32_t spread_nibbles(uint32_t v) noexcept {
   return (v | (v << 4)) & 0x0f0f0f0fu;
 }
 
-// The panel layouts of 8-column chunks with nibbles w + 8 (qu4_p16k8, qu4_p8k8) from int4 given
-// nibble-packed, which already holds w + 8: row pr's chunks straight from its bytes (element
-// 2m low and 2m + 1 high in byte m; a chunk's byte j wants elements j and j + 4), and each
-// group's sum of w (nibble - 8) into `sums`. `bytes` holds the row padded with 0x88 (w = 0).
+// The panel layouts of 8-column chunks (qu4_p16k8, qu4_p8k8) store int4 as w + 8 and mxfp4 as its
+// code, which is what int4 given nibble-packed (w + 8) and mxfp4 codes already hold: a row's
+// chunks come straight from its bytes (element 2m low and 2m + 1 high in byte m; a chunk's byte
+// j wants elements j and j + 4), and each group's sum of the values from a table of the bytes.
 bool packs_nibbles_directly(const PackJob& job, const LayoutInfo& info) {
   const LayoutId id = job.g.layout;
-  return job.in.nibbles && info.offset_nibbles && !info.int8_bytes &&
-         job.g.weight_format != WeightFormat::mxfp4 && !job.g.int8_planes() &&
-         (id == LayoutId::qu4_p16k8 || id == LayoutId::qu4_p8k8);
+  const bool mxfp4 = job.g.weight_format == WeightFormat::mxfp4;
+  return job.in.nibbles && !info.int8_bytes && !job.g.int8_planes() &&
+         (mxfp4 || info.offset_nibbles) && (id == LayoutId::qu4_p16k8 || id == LayoutId::qu4_p8k8);
 }
 
+// The values a byte of the row holds, summed: int4 (nibble - 8) twice, or mxfp4's kMxfp4Doubled.
+std::array<int16_t, 256> byte_sums(bool mxfp4) {
+  std::array<int16_t, 256> sums{};
+  for (int b = 0; b < 256; ++b)
+    sums[static_cast<size_t>(b)] = static_cast<int16_t>(
+        mxfp4 ? kMxfp4Doubled[b & 15] + kMxfp4Doubled[b >> 4] : (b & 15) - 8 + (b >> 4) - 8);
+  return sums;
+}
+
+// `bytes` holds the row padded to cols_padded with the value 0 (0x88 for int4, 0 for mxfp4).
 void write_nibble_row(const Geometry& g, const LayoutInfo& info, int64_t pr, const uint8_t* bytes,
-                      uint8_t* block, int64_t* sums) {
+                      const std::array<int16_t, 256>& byte_sum, uint8_t* block, int64_t* sums) {
   const int64_t P = info.panel;
   uint8_t* panel = g.panel_at(block, pr / P) + 4 * (pr % P);
   for (int64_t c = 0; c < g.cols_padded / 8; ++c) {
@@ -232,8 +244,8 @@ void write_nibble_row(const Geometry& g, const LayoutInfo& info, int64_t pr, con
   for (int64_t b = 0; b < g.groups; ++b) {
     int64_t sum = 0;
     for (int64_t m = b * g.group_len / 2; m < (b + 1) * g.group_len / 2; ++m)
-      sum += (bytes[m] & 15) + (bytes[m] >> 4);
-    sums[b] = sum - 8 * g.group_len;
+      sum += byte_sum[bytes[m]];
+    sums[b] = sum;
   }
 }
 
@@ -250,8 +262,10 @@ void pack_rows(const PackJob& job, int64_t e, uint8_t* block, int64_t j0, int64_
   std::vector<uint8_t> codes(cols), nib(cols);
   const size_t sbytes = dtype_bytes(g.scale_dtype);
   const bool direct = packs_nibbles_directly(job, info);
+  const bool mxfp4 = g.weight_format == WeightFormat::mxfp4;
+  const std::array<int16_t, 256> byte_sum = byte_sums(mxfp4);
   std::vector<int64_t> sums(static_cast<size_t>(g.groups));
-  std::vector<uint8_t> bytes(direct ? cols / 2 : 0, uint8_t{0x88});
+  std::vector<uint8_t> bytes(direct ? cols / 2 : 0, mxfp4 ? uint8_t{0} : uint8_t{0x88});
   for (int64_t part = 0; part < g.parts; ++part)
     for (int64_t j = j0; j < j1; ++j) {
       const int64_t pr = g.stored_row(part, j);
@@ -273,7 +287,7 @@ void pack_rows(const PackJob& job, int64_t e, uint8_t* block, int64_t j0, int64_
                     static_cast<const uint8_t*>(job.w->data) +
                         (e * job.in.rows + src_row) * (job.in.cols / 2),
                     static_cast<size_t>(job.in.cols / 2));
-        write_nibble_row(g, info, pr, bytes.data(), block, sums.data());
+        write_nibble_row(g, info, pr, bytes.data(), byte_sum, block, sums.data());
       } else {
         read_row(job, e, n, row.data(), codes.data());
         stored_nibbles(g, info, row.data(), codes.data(), nib.data());
@@ -320,19 +334,16 @@ void pack_rows(const PackJob& job, int64_t e, uint8_t* block, int64_t j0, int64_
                 static_cast<size_t>(g.cols) * 4);
 }
 
-// The names errors give the tensors: the role's, or a linear layer's ("w", "w_scale", ...).
-struct TensorNames {
-  std::string_view w, scale, zero_point, bias;
-};
+}  // namespace
 
 TensorNames names_of(WeightRole role) {
   return role == WeightRole::w13 ? TensorNames{"w13", "w13_scale", "w13_zero_point", "w13_bias"}
                                  : TensorNames{"w2", "w2_scale", "w2_zero_point", "w2_bias"};
 }
 
-PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale,
-                   const TensorView& zero_point, const TensorView& bias, const PackOptions& options,
-                   const TensorNames& names) {
+void pack_into(WeightRole role, const TensorView& w, const TensorView& scale,
+               const TensorView& zero_point, const TensorView& bias, const PackOptions& options,
+               const TensorNames& names, const BlockDestination& destination) {
   const bool is_w13 = role == WeightRole::w13;
   const std::string_view w_name = names.w;
   PackJob job{&w, &scale, &zero_point, &bias, &options.input_order, {}, {}, false, w_name};
@@ -362,11 +373,6 @@ PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale
                         options.group_size, scale_dtype, !bias.empty(), options.weight_format,
                         w_name, !options.input_order.empty());
 
-  if (job.g.total_bytes > options.memory_limit)  // refuse before allocating
-    throw Error(cat(w_name, ": the packed buffer needs ", job.g.total_bytes,
-                    " bytes, more than the memory limit of ", options.memory_limit,
-                    " bytes (PackOptions::memory_limit)"));
-  PackedWeights out = PackedWeights::allocate(job.g.total_bytes);
   PackedHeader h{};
   std::memcpy(h.magic, kPackedMagic, sizeof h.magic);
   h.version = kPackedFormatVersion;
@@ -385,7 +391,7 @@ PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale
   h.block_rows = static_cast<uint32_t>(job.g.block_rows);
   h.panel_bytes = job.g.panel_bytes;
   h.checksum = header_checksum(h);
-  std::memcpy(out.data(), &h, sizeof h);
+  uint8_t* blocks = destination(h);
 
   // Experts, and runs of rows of one expert, are independent: pack them on all hardware threads
   // (a one-time cost; a linear layer is one expert of up to hundreds of thousands of rows).
@@ -393,13 +399,27 @@ PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale
   parallel_for(job.g.experts * runs, std::thread::hardware_concurrency(), [&](int64_t task) {
     const int64_t e = task / runs, j0 = task % runs * kPackRows;
     pack_rows(job, options.experts.empty() ? e : options.experts[static_cast<size_t>(e)],
-              out.data() + kHeaderBytes + static_cast<size_t>(e) * job.g.expert_bytes, j0,
+              blocks + static_cast<size_t>(e) * job.g.expert_bytes, j0,
               std::min(j0 + kPackRows, job.g.part_rows_padded));
+  });
+}
+
+PackedWeights pack(WeightRole role, const TensorView& w, const TensorView& scale,
+                   const TensorView& zero_point, const TensorView& bias, const PackOptions& options,
+                   const TensorNames& names) {
+  PackedWeights out;
+  pack_into(role, w, scale, zero_point, bias, options, names, [&](const PackedHeader& h) {
+    if (h.total_bytes > options.memory_limit)  // refuse before allocating
+      throw Error(cat(names.w, ": the packed buffer needs ", h.total_bytes,
+                      " bytes, more than the memory limit of ", options.memory_limit,
+                      " bytes (PackOptions::memory_limit)"));
+    out = PackedWeights::allocate(h.total_bytes);
+    std::memcpy(out.data(), &h, sizeof h);
+    return out.data() + kHeaderBytes;
   });
   return out;
 }
 
-}  // namespace
 }  // namespace detail
 
 size_t packed_size(WeightRole role, int64_t experts, int64_t rows, int64_t cols, DType scale_dtype,
