@@ -60,8 +60,10 @@ asan_stage() {
 }
 
 tsan_stage() {
+  # (the software-model sets amxemu and avxvnniemu are not built: this stage runs the best set
+  # and the portable one, and their GEMMs are the asan stage's and the unsanitized stage's)
   cmake -S . -B build-test-tsan -DW4A8MOE_SANITIZE=thread -DW4A8MOE_BUILD_TOOLS=OFF \
-    "${common[@]}" >/dev/null
+    -DW4A8MOE_MODEL_SETS=OFF "${common[@]}" >/dev/null
   cmake --build build-test-tsan -j"$jobs" --target w4a8moe_tests w4a8moe_reliability_tests
   # The thread suites (1 to 7 threads, concurrent and pooled contexts, repeated and chunked calls)
   # and the feature grid (every activation, bias, router weight on the input: 2 threads) with the
@@ -88,7 +90,8 @@ tsan_stage() {
 fuzz_stage() {
   cmake -S . -B build-test-fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DW4A8MOE_SANITIZE=address,undefined -DW4A8MOE_BUILD_FUZZ=ON -DW4A8MOE_BUILD_TESTS=OFF \
-    -DW4A8MOE_BUILD_BENCH=OFF -DW4A8MOE_BUILD_TOOLS=OFF -DW4A8MOE_BUILD_TORCH=OFF >/dev/null
+    -DW4A8MOE_BUILD_BENCH=OFF -DW4A8MOE_BUILD_TOOLS=OFF -DW4A8MOE_BUILD_TORCH=OFF \
+    -DW4A8MOE_MODEL_SETS=OFF >/dev/null  # as the installed library: no software-model sets
   local names=(api packed packed_file safetensors)
   cmake --build build-test-fuzz -j"$jobs" --target "${names[@]/#/w4a8moe_fuzz_}"
   local pids=() status=0 name

@@ -20,11 +20,13 @@ cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Release -DW4A8MOE_WERROR=ON \
   -DW4A8MOE_BUILD_TORCH=ON -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
 cmake --build build-test -j"$jobs"
 ctest --test-dir build-test --output-on-failure -j"$jobs" -LE torch  # torch: the stage below
+echo "== install check, test build, CTest: $SECONDS s =="
 
 # ---- torch stage: the PyTorch binding's pytest suite, with Debian's torch ---------------------
 echo "== torch stage: pytest python/tests with /usr/bin/python3 =="
 PYTHONPATH="$PWD/build-test/python" W4A8MOE_CLI="$PWD/build-test/w4a8moe" \
   /usr/bin/python3 -m pytest -q -p no:cacheprovider python/tests
+echo "== torch stage done at $SECONDS s =="
 
 # ---- PyTorch 2 stage: `pip install .` into the pinned PyTorch 2 venv (made once and kept in a
 # cache folder outside the clone by install-deps.sh --torch2; python/requirements-torch2.txt), then
@@ -80,7 +82,7 @@ vllm_stage() {
     local log=$1 cores=$2
     shift 2
     (cd /tmp && VLLM_CPU_OMP_THREADS_BIND="$cores" W4A8MOE_CLI="$repo/build-test/w4a8moe" \
-       "$venv/bin/python" -m pytest -q -p no:cacheprovider --basetemp="$log.tmp" "$@") \
+       "$venv/bin/python" -m pytest -q -p no:cacheprovider --durations=15 --basetemp="$log.tmp" "$@") \
       >"$log" 2>&1
   }
   cpus="$(nproc)"
@@ -128,3 +130,4 @@ arm_stage
 # (60 s each); see scripts/reliability.sh and docs/testing.md.
 scripts/install-deps.sh --reliability
 scripts/reliability.sh
+echo "== scripts/test.sh: $SECONDS s =="

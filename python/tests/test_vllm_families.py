@@ -10,8 +10,11 @@ transformers' own classes, its routed experts compressed-tensors W4A16 group 32
 (vllm_family_models.py); GLM-4.5's also re-encoded as GPTQ. vLLM 0.32 alone refuses all of them
 on a CPU without AMX (no WNA16 MoE backend).
 
-Each family runs in vLLM's compiled mode (its default) and eager; the grouped DeepSeek-V2
-compiled only (its eager path is DeepSeek-V2-Lite's, its grouped top-k DeepSeek-V3's). The trace
+Each family runs in vLLM's compiled mode (its default) and eager, but for DeepSeek-V2 (grouped)
+and DeepSeek-V3, compiled only: their eager path is DeepSeek-V2-Lite's (the same latent
+attention, whose eager run is compared with vLLM's own), and their routing runs inside the same
+op either way (the grouped top-k and the sigmoid with a correction bias in their compiled runs;
+GLM-4.5's sigmoid with a correction bias eager too). The trace
 shows w4a8moe packed every MoE layer and, eager, ran it at every step; the log shows the routing
 ran inside w4a8moe's op.
 
@@ -61,7 +64,7 @@ PLANS = {
     "deepseek_v2_lite": (((True, "compressed-tensors"), (False, "compressed-tensors")),
                          "softmax, the best 1 of 1 groups"),
     "deepseek_v2": (((True, "compressed-tensors"),), "softmax, the best 1 of 2 groups"),
-    "deepseek_v3": (((True, "compressed-tensors"), (False, "compressed-tensors")),
+    "deepseek_v3": (((True, "compressed-tensors"),),
                     "sigmoid + correction bias, the best 2 of 4 groups, renormalised"),
     "qwen3_next": (((True, "compressed-tensors"), (False, "compressed-tensors")),
                    "softmax, renormalised"),
