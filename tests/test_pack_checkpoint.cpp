@@ -194,6 +194,15 @@ bool same_bytes(const w4a8moe::PackedWeights& a, const w4a8moe::PackedWeights& b
   return a.size() == b.size() && std::equal(a.bytes().begin(), a.bytes().end(), b.bytes().begin());
 }
 
+// The checkpoint's tensors pack to the bytes pack_w13 / pack_w2 make of the case's weights.
+void expect_packs_like_the_packer(const Case& c, CheckpointFormat format,
+                                  const CheckpointTensors& w13, const CheckpointTensors& w2) {
+  const w4a8moe::PackedLayer got = w4a8moe::pack_checkpoint_moe(format, w13, w2, options_of(c));
+  const moe_test::PackedPair want = moe_test::pack(c);
+  EXPECT_TRUE(same_bytes(got.w13, want.w13));
+  EXPECT_TRUE(same_bytes(got.w2, want.w2));
+}
+
 CaseSpec spec_of(bool zeros, int group, DType scale, bool bias) {
   CaseSpec s;
   s.tokens = 5;
@@ -237,11 +246,7 @@ TEST_P(CheckpointLayouts, PackTheBytesOfTheLogicalWeights) {
   const Case c = case_for(p);
   const Encoded w13 = encode(logical(c, true), p.format, p.zero_int8);
   const Encoded w2 = encode(logical(c, false), p.format, p.zero_int8);
-  const w4a8moe::PackedLayer got =
-      w4a8moe::pack_checkpoint_moe(p.format, w13.views, w2.views, options_of(c));
-  const moe_test::PackedPair want = moe_test::pack(c);
-  EXPECT_TRUE(same_bytes(got.w13, want.w13));
-  EXPECT_TRUE(same_bytes(got.w2, want.w2));
+  expect_packs_like_the_packer(c, p.format, w13.views, w2.views);
 }
 
 TEST_P(CheckpointLayouts, SelectedExpertsPackLikeThePacker) {
@@ -366,11 +371,7 @@ TEST(CheckpointMxfp4, PacksTheCodesAndExponentsAsTheyAre) {
                        {},
                        {},
                        c.w2_bias_view()};
-  const w4a8moe::PackedLayer got =
-      w4a8moe::pack_checkpoint_moe(CheckpointFormat::mxfp4, w13, w2, options_of(c));
-  const moe_test::PackedPair want = moe_test::pack(c);
-  EXPECT_TRUE(same_bytes(got.w13, want.w13));
-  EXPECT_TRUE(same_bytes(got.w2, want.w2));
+  expect_packs_like_the_packer(c, CheckpointFormat::mxfp4, w13, w2);
 }
 
 // Expert 0's w2 as a dense layer [H, I]: the same bytes as pack_linear of its values.

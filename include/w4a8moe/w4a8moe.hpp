@@ -46,7 +46,7 @@ enum class DType : uint8_t { f32 = 0, bf16 = 1, f16 = 2, i8 = 3, u8 = 4, i32 = 5
 const char* dtype_name(DType dtype) noexcept;
 size_t dtype_bytes(DType dtype) noexcept;
 
-// Activation kinds, with the integer codes of the original operator.
+// Activation kinds, with the integer codes of vLLM's CPU operator (dynamic_4bit_int_moe).
 enum class Activation : int {
   swiglustep = 0,
   swigluoai = 1,

@@ -5,7 +5,7 @@
 // Python) carrying the library's sentence.
 //
 // Ops (schemas at the registration, end of file):
-//   dynamic_4bit_int_moe          the original CPU op's schema and meaning
+//   dynamic_4bit_int_moe          vLLM's CPU op's schema and meaning
 //   dynamic_4bit_int_moe_ex       the same plus alpha and limit (SWIGLUOAI / SWIGLUSTEP)
 //   convert_to_w4a8_int8_moe_format     logical int4 weights -> (w13_packed, w2_packed) uint8
 //   convert_to_w4a8_int8_moe_format_ex  the same plus gate/up layout, scale storage, kernel set

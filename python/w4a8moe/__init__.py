@@ -145,7 +145,7 @@ def pack_with_original_op(
     w13_bias: Optional[torch.Tensor] = None,
     w2_bias: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """pack() through the original operator's packing op
+    """pack() through the packing op of vLLM's schema
     (torch.ops.w4a8moe.convert_to_w4a8_int8_moe_format, its schema and arguments): returns
     (w13_packed, w2_packed), the same bytes as pack() with its defaults (gate and up in halves,
     scales kept as given). For the engine's function of that name (six values, scales rounded to

@@ -1,13 +1,13 @@
 """The activations and their integer codes: the one table the package's modules derive theirs
 from (the ops' codes, the reference's, the engine drop-in's, the vLLM plugin's, the shape
-functions' messages). The codes are the original operator's (0-2) plus the library's (3, 4), as
+functions' messages). The codes are vLLM's dynamic_4bit_int_moe's (0-2) plus the library's (3, 4), as
 the C++ library defines them (docs/operator.md, "Activations")."""
 
 import enum
 
 
 class Activation(enum.IntEnum):
-    """Activation kinds with the integer codes of the original operator."""
+    """Activation kinds with the integer codes of vLLM's dynamic_4bit_int_moe."""
 
     SWIGLUSTEP = 0
     SWIGLUOAI = 1
