@@ -2,6 +2,7 @@
 // the bits: w4a8moe/checkpoint.hpp and docs/checkpoints.md).
 #include "pack/checkpoint_rows.hpp"
 
+#include <bit>
 #include <cstring>
 
 #include "common/argument_checks.hpp"
@@ -9,6 +10,9 @@
 #include "common/numeric.hpp"
 
 namespace w4a8moe::detail {
+
+static_assert(std::endian::native == std::endian::little,
+              "GPTQ's and compressed-tensors' words are read as their bytes: a little-endian CPU");
 
 namespace {
 

@@ -1,6 +1,7 @@
 // Logical int4 expert weights -> the packed buffer of the layout that the chosen kernel set reads.
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <thread>
@@ -15,6 +16,10 @@
 #include "thread_pool.hpp"
 
 namespace w4a8moe {
+
+static_assert(std::endian::native == std::endian::little,
+              "the nibble shuffle of packs_nibbles_directly reads four bytes as one word: a "
+              "little-endian CPU");
 
 namespace detail {
 namespace {
