@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -319,10 +320,11 @@ PackedLayer pack_checkpoint_moe(CheckpointFormat format, const CheckpointTensors
   const int64_t inter = s2.cols;
   for (int64_t first = 0; first < count; first += chunk) {
     const int64_t n = std::min(chunk, count - first);
+    // an error names the chunk's first bad expert (w13 before w2), whichever thread meets it
+    std::vector<std::string> errors(static_cast<size_t>(n));
     detail::parallel_for(n, threads, [&](int64_t i) {
       const auto at = static_cast<size_t>(first + i);
       const int64_t e = experts[at];
-      d2.decode(s2, i, e, order2[at], nullptr);
       std::vector<int32_t> rows;  // down's inputs sorted: w13's gate and up rows with them
       if (!order2[at].empty()) {
         rows.resize(static_cast<size_t>(2 * inter));
@@ -332,8 +334,15 @@ PackedLayer pack_checkpoint_moe(CheckpointFormat format, const CheckpointTensors
               static_cast<int32_t>(inter) + order2[at][static_cast<size_t>(j)];
         }
       }
-      d13.decode(s13, i, e, order13[at], rows.empty() ? nullptr : rows.data());
+      try {
+        d13.decode(s13, i, e, order13[at], rows.empty() ? nullptr : rows.data());
+        d2.decode(s2, i, e, order2[at], nullptr);
+      } catch (const Error& error) {
+        errors[static_cast<size_t>(i)] = error.what();
+      }
     });
+    for (const std::string& error : errors)
+      if (!error.empty()) throw Error(error);
     p13.append(d13.w(n), d13.scale(n), d13.zero(n), d13.bias_view(n), d13.order_view(n));
     p2.append(d2.w(n), d2.scale(n), d2.zero(n), d2.bias_view(n), TensorView{});
   }
