@@ -112,13 +112,15 @@ void HfLayer::check_order(int which, int64_t e, const char* g_idx,
 }
 
 // The library's view of projection `which` of expert e: its sizes, and its g_idx (checked here
-// as a file's tensor) when the file has one. The caller sets the format and the other views.
+// as a file's tensor) when the file has one (g_idx: the tensor's suffix; nullptr: none read). The
+// caller sets the format and the other views.
 detail::CheckpointProjection HfLayer::projection(int which, int64_t e, const char* g_idx) const {
   const ProjectionShape p = projection_shape(info_, which);
   detail::CheckpointProjection cp;
   cp.rows = p.rows;
   cp.cols = p.cols;
   cp.group_size = info_.group_size;
+  if (g_idx == nullptr) return cp;
   const std::string name = tensor_name(e, which, g_idx);
   cp.g_idx_name = cat("tensor '", name, "'");
   if (has(name)) {
@@ -175,7 +177,7 @@ void HfLayer::load_zero_points(int which, int64_t e, int8_t* out) const {
   std::vector<int8_t> z(static_cast<size_t>(rows * groups));
   const std::span<const uint8_t> b = bytes(name);
   if (packed || t.shape == std::vector<int64_t>{rows, groups}) {
-    detail::CheckpointProjection cp = projection(which, e, "weight_g_idx");
+    detail::CheckpointProjection cp = projection(which, e, nullptr);
     cp.format = CheckpointFormat::compressed_tensors;
     cp.zero_point = TensorView::of(b.data(), t.dtype, {t.shape[0], t.shape[1]});
     cp.zero_point_name = cat("tensor '", name, "'");

@@ -51,6 +51,22 @@ namespace {
 // of experts), so that the transient stays small against the layer.
 constexpr int64_t kChunkBytes = int64_t{32} << 20;
 
+// Expert e of a contiguous view: the leading dimension dropped (empty stays empty).
+TensorView expert_of(const TensorView& v, int64_t e) {
+  if (v.empty()) return v;
+  TensorView s;
+  s.dtype = v.dtype;
+  s.rank = v.rank - 1;
+  int64_t inner = 1;
+  for (int i = 1; i < v.rank; ++i) {
+    s.shape[static_cast<size_t>(i - 1)] = v.shape[static_cast<size_t>(i)];
+    inner *= v.shape[static_cast<size_t>(i)];
+  }
+  s.data =
+      static_cast<const uint8_t*>(v.data) + static_cast<size_t>(e * inner) * dtype_bytes(v.dtype);
+  return s;
+}
+
 // One projection stack: its names, sizes and the views of one expert.
 struct Stack {
   CheckpointFormat format;
@@ -62,22 +78,8 @@ struct Stack {
 
   std::string name(const char* field) const { return cat(role, ".", field); }
 
-  // Expert e's slice of a stacked tensor (drops the leading dimension); the view itself for a
-  // dense layer.
-  TensorView slice(const TensorView& v, int64_t e) const {
-    if (v.empty() || !stacked) return v;
-    TensorView s;
-    s.dtype = v.dtype;
-    s.rank = v.rank - 1;
-    int64_t inner = 1;
-    for (int i = 1; i < v.rank; ++i) {
-      s.shape[static_cast<size_t>(i - 1)] = v.shape[static_cast<size_t>(i)];
-      inner *= v.shape[static_cast<size_t>(i)];
-    }
-    s.data =
-        static_cast<const uint8_t*>(v.data) + static_cast<size_t>(e * inner) * dtype_bytes(v.dtype);
-    return s;
-  }
+  // Expert e's slice of a stacked tensor; the view itself for a dense layer.
+  TensorView slice(const TensorView& v, int64_t e) const { return stacked ? expert_of(v, e) : v; }
 
   detail::CheckpointProjection projection(int64_t e) const {
     detail::CheckpointProjection p;
@@ -364,17 +366,8 @@ PackedWeights pack_checkpoint_linear(CheckpointFormat format, const CheckpointTe
         "packs no input order, got act-order");
   Decoded d(s, 1, false);
   d.decode(s, 0, 0, {}, nullptr);
-  const auto one = [](const TensorView& v) {  // the expert's view without its leading 1
-    if (v.empty()) return v;
-    TensorView r = v;
-    r.rank = v.rank - 1;
-    for (int i = 0; i + 1 < v.rank; ++i)
-      r.shape[static_cast<size_t>(i)] = v.shape[static_cast<size_t>(i + 1)];
-    r.shape[static_cast<size_t>(v.rank - 1)] = 0;
-    return r;
-  };
-  return pack_linear(one(d.w(1)), one(d.scale(1)), one(d.zero(1)), one(d.bias_view(1)),
-                     options_for(options, s));
+  return pack_linear(expert_of(d.w(1), 0), expert_of(d.scale(1), 0), expert_of(d.zero(1), 0),
+                     expert_of(d.bias_view(1), 0), options_for(options, s));
 }
 
 }  // namespace w4a8moe
