@@ -201,20 +201,74 @@ def _folders(root, tag, kinds, vocab, H):
     return paths, todo
 
 
+def _write(root, tag, kinds, vocab, H, layers, write_layer, config, quant):
+    """Writes (once) the folders root/<kind>-<tag> of `kinds`: the vocabulary tables, then each
+    layer's shard, write_layer(layer, gen, prefix, todo) adding the layer's tensors to the folders
+    being written (todo, {kind: _Folder}) from the layer's own seeded generator, then config.json:
+    `config`, with the folder's quantization_config where `quant` ({kind: config}) has one.
+    Returns {kind: path}."""
+    import torch
+
+    paths, todo = _folders(root, tag, kinds, vocab, H)
+    if not todo:
+        return paths
+    for layer in range(layers):
+        write_layer(layer, torch.Generator().manual_seed(1000 + layer), f"model.layers.{layer}.",
+                    todo)
+        for f in todo.values():
+            f.flush()
+    for kind, f in todo.items():
+        f.close(dict(config, **({"quantization_config": quant[kind]} if kind in quant else {})))
+    return paths
+
+
+def _int4_experts(gen, todo, p, E, H, I, group):
+    """One layer's routed experts (gate, up and down projections): int4 codes and group scales,
+    written to each folder in its format (w4a8 int8 values, gptq, w4a16 packed words, bf16
+    decoded)."""
+    import torch
+
+    for proj, (n, k) in {"gate_proj": (I, H), "up_proj": (I, H), "down_proj": (H, I)}.items():
+        words = _int4_words(gen, (E, n, k))
+        scales = _scales(gen, (E, n, k // group), k)
+        values = _unpack_words(words) if "w4a8" in todo else None
+        dense = _decode(words, scales, group) if "bf16" in todo else None
+        for e in range(E):
+            name = f"{p}mlp.experts.{e}.{proj}"
+            if "w4a8" in todo:
+                todo["w4a8"].add(name + ".weight", values[e])
+                todo["w4a8"].add(name + ".weight_scale", scales[e])
+            if "gptq" in todo:
+                for key, t in _gptq_tensors(name, words[e], scales[e], group).items():
+                    todo["gptq"].add(key, t)
+            if "w4a16" in todo:
+                todo["w4a16"].add(name + ".weight_packed", words[e])
+                todo["w4a16"].add(name + ".weight_scale", scales[e])
+                todo["w4a16"].add(name + ".weight_shape", torch.tensor([n, k], dtype=torch.int32))
+            if "bf16" in todo:
+                todo["bf16"].add(name + ".weight", dense[e])
+
+
+def _compressed_tensors(fmt, group, **group_0):
+    """compressed-tensors' quantization_config of the routed experts' int4 weights (symmetric,
+    groups of `group`) in format `fmt`; group_0: more of the group's schemes (activations)."""
+    experts = r"re:.*experts\.\d+\.(gate|up|down)_proj$"  # not the shared experts
+    weights = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+               "group_size": group, "dynamic": False}
+    return {"quant_method": "compressed-tensors", "format": fmt,
+            "quantization_status": "compressed", "ignore": ["lm_head"],
+            "config_groups": {"group_0": {"targets": [experts], "weights": weights, **group_0}}}
+
+
 def qwen3(root, layers, vocab, group, kinds):
     """Writes (once) the Qwen3-30B-A3B folders of `kinds`; returns {kind: path}."""
     import torch
 
     s = QWEN3
     H, I, E, HD = s["H"], s["I"], s["E"], s["hd"]
-    tag = f"qwen3-L{layers}-V{vocab}-g{group}"
-    paths, todo = _folders(root, tag, kinds, vocab, H)
-    if not todo:
-        return paths
     ones = torch.ones(H, dtype=torch.bfloat16)
-    for layer in range(layers):
-        gen = torch.Generator().manual_seed(1000 + layer)
-        p = f"model.layers.{layer}."
+
+    def write_layer(layer, gen, p, todo):
         _attention(gen, todo, p, s, group, ("gptq",), bias=False)
         router = _normal(gen, E, H).to(torch.bfloat16)
         for f in todo.values():
@@ -223,44 +277,16 @@ def qwen3(root, layers, vocab, group, kinds):
             f.add(f"{p}input_layernorm.weight", ones)
             f.add(f"{p}post_attention_layernorm.weight", ones)
             f.add(f"{p}mlp.gate.weight", router)
-        for proj, (n, k) in {"gate_proj": (I, H), "up_proj": (I, H), "down_proj": (H, I)}.items():
-            words = _int4_words(gen, (E, n, k))
-            scales = _scales(gen, (E, n, k // group), k)
-            values = _unpack_words(words) if "w4a8" in todo else None
-            dense = _decode(words, scales, group) if "bf16" in todo else None
-            for e in range(E):
-                name = f"{p}mlp.experts.{e}.{proj}"
-                if "w4a8" in todo:
-                    todo["w4a8"].add(name + ".weight", values[e])
-                    todo["w4a8"].add(name + ".weight_scale", scales[e])
-                if "gptq" in todo:
-                    for key, t in _gptq_tensors(name, words[e], scales[e], group).items():
-                        todo["gptq"].add(key, t)
-                if "w4a16" in todo:
-                    todo["w4a16"].add(name + ".weight_packed", words[e])
-                    todo["w4a16"].add(name + ".weight_scale", scales[e])
-                    todo["w4a16"].add(name + ".weight_shape",
-                                      torch.tensor([n, k], dtype=torch.int32))
-                if "bf16" in todo:
-                    todo["bf16"].add(name + ".weight", dense[e])
-        for f in todo.values():
-            f.flush()
-    experts = r"re:.*experts\.\d+\.(gate|up|down)_proj$"
-    weights = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
-               "group_size": group, "dynamic": False}
+        _int4_experts(gen, todo, p, E, H, I, group)
+
     quant = {
-        "w4a8": {"quant_method": "compressed-tensors", "format": "int-quantized",
-                 "quantization_status": "compressed", "ignore": ["lm_head"],
-                 "config_groups": {"group_0": {
-                     "targets": [experts], "weights": weights,
-                     "input_activations": {"num_bits": 8, "type": "int", "symmetric": True,
-                                           "strategy": "token", "dynamic": True}}}},
+        "w4a8": _compressed_tensors("int-quantized", group, input_activations={
+            "num_bits": 8, "type": "int", "symmetric": True, "strategy": "token",
+            "dynamic": True}),
         # the router stays bfloat16 (GPTQModel leaves mlp.gate alone)
         "gptq": {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": False,
                  "sym": True, "checkpoint_format": "gptq", "dynamic": {r"-:.*mlp\.gate$": {}}},
-        "w4a16": {"quant_method": "compressed-tensors", "format": "pack-quantized",
-                  "quantization_status": "compressed", "ignore": ["lm_head"],
-                  "config_groups": {"group_0": {"targets": [experts], "weights": weights}}},
+        "w4a16": _compressed_tensors("pack-quantized", group),
     }
     config = {
         "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
@@ -272,9 +298,8 @@ def qwen3(root, layers, vocab, group, kinds):
         "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": False,
         "torch_dtype": "bfloat16", "hidden_act": "silu", "attention_bias": False,
     }
-    for kind, f in todo.items():
-        f.close(dict(config, **({"quantization_config": quant[kind]} if kind in quant else {})))
-    return paths
+    return _write(root, f"qwen3-L{layers}-V{vocab}-g{group}", kinds, vocab, H, layers,
+                  write_layer, config, quant)
 
 
 def gpt_oss(root, layers, vocab, kinds):
@@ -283,14 +308,9 @@ def gpt_oss(root, layers, vocab, kinds):
 
     s = GPT_OSS
     H, I, E, HEADS = s["H"], s["I"], s["E"], s["heads"]
-    tag = f"gpt-oss-L{layers}-V{vocab}"
-    paths, todo = _folders(root, tag, kinds, vocab, H)
-    if not todo:
-        return paths
     ones = torch.ones(H, dtype=torch.bfloat16)
-    for layer in range(layers):
-        gen = torch.Generator().manual_seed(1000 + layer)
-        p = f"model.layers.{layer}."
+
+    def write_layer(layer, gen, p, todo):
         _attention(gen, todo, p, s, 32, (), bias=True)
         router = _normal(gen, E, H).to(torch.bfloat16)
         for f in todo.values():
@@ -318,8 +338,7 @@ def gpt_oss(root, layers, vocab, kinds):
                 todo["bf16"].add(prefix + name,
                                  convert_moe_packed_tensors(blocks, scales, dtype=torch.bfloat16))
                 todo["bf16"].add(prefix + name + "_bias", bias)
-        for f in todo.values():
-            f.flush()
+
     config = {
         "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "vocab_size": vocab,
         "hidden_size": H, "intermediate_size": I, "num_hidden_layers": layers,
@@ -336,9 +355,8 @@ def gpt_oss(root, layers, vocab, kinds):
     }
     quant = {"quant_method": "mxfp4", "modules_to_not_convert": [
         "model.layers.*.self_attn", "model.layers.*.mlp.router", "lm_head"]}
-    for kind, f in todo.items():
-        f.close(dict(config, **({"quantization_config": quant} if kind == "mxfp4" else {})))
-    return paths
+    return _write(root, f"gpt-oss-L{layers}-V{vocab}", kinds, vocab, H, layers, write_layer,
+                  config, {"mxfp4": quant})
 
 
 def deepseek_v2_lite(root, layers, vocab, group, kinds):
@@ -348,14 +366,9 @@ def deepseek_v2_lite(root, layers, vocab, group, kinds):
 
     s = DEEPSEEK_V2_LITE
     H, I, E, heads = s["H"], s["I"], s["E"], s["heads"]
-    tag = f"deepseek-v2-lite-L{layers}-V{vocab}-g{group}"
-    paths, todo = _folders(root, tag, kinds, vocab, H)
-    if not todo:
-        return paths
     ones = torch.ones(H, dtype=torch.bfloat16)
-    for layer in range(layers):
-        gen = torch.Generator().manual_seed(1000 + layer)
-        p = f"model.layers.{layer}."
+
+    def write_layer(layer, gen, p, todo):
         dense = {  # bfloat16 in every folder: the latent attention, the dense or shared MLP
             "self_attn.q_proj": (heads * (s["nope"] + s["rope"]), H),
             "self_attn.kv_a_proj_with_mqa": (s["latent"] + s["rope"], H),
@@ -376,28 +389,9 @@ def deepseek_v2_lite(root, layers, vocab, group, kinds):
                   torch.ones(s["latent"], dtype=torch.bfloat16))
             f.add(f"{p}input_layernorm.weight", ones)
             f.add(f"{p}post_attention_layernorm.weight", ones)
-        for proj, (n, k) in ({} if layer == 0 else {
-                "gate_proj": (I, H), "up_proj": (I, H), "down_proj": (H, I)}).items():
-            words = _int4_words(gen, (E, n, k))
-            scales = _scales(gen, (E, n, k // group), k)
-            decoded = _decode(words, scales, group) if "bf16" in todo else None
-            for e in range(E):
-                name = f"{p}mlp.experts.{e}.{proj}"
-                if "w4a16" in todo:
-                    todo["w4a16"].add(name + ".weight_packed", words[e])
-                    todo["w4a16"].add(name + ".weight_scale", scales[e])
-                    todo["w4a16"].add(name + ".weight_shape",
-                                      torch.tensor([n, k], dtype=torch.int32))
-                if "bf16" in todo:
-                    todo["bf16"].add(name + ".weight", decoded[e])
-        for f in todo.values():
-            f.flush()
-    weights = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
-               "group_size": group, "dynamic": False}
-    experts = r"re:.*experts\.\d+\.(gate|up|down)_proj$"  # not the shared experts
-    quant = {"quant_method": "compressed-tensors", "format": "pack-quantized",
-             "quantization_status": "compressed", "ignore": ["lm_head"],
-             "config_groups": {"group_0": {"targets": [experts], "weights": weights}}}
+        if layer > 0:
+            _int4_experts(gen, todo, p, E, H, I, group)
+
     config = {
         "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
         "vocab_size": vocab, "hidden_size": H, "intermediate_size": s["dense"],
@@ -411,9 +405,8 @@ def deepseek_v2_lite(root, layers, vocab, group, kinds):
         "rope_theta": 10000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
         "hidden_act": "silu", "attention_bias": False,
     }
-    for kind, f in todo.items():
-        f.close(dict(config, **({"quantization_config": quant} if kind == "w4a16" else {})))
-    return paths
+    return _write(root, f"deepseek-v2-lite-L{layers}-V{vocab}-g{group}", kinds, vocab, H, layers,
+                  write_layer, config, {"w4a16": _compressed_tensors("pack-quantized", group)})
 
 
 def estimate_gb(shape, kind, layers, vocab, group=128):
