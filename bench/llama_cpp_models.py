@@ -54,58 +54,50 @@ _CHUNK_BYTES = 32 << 20  # rows generated at a time: bounds the temporaries besi
 _SEED = 0
 
 
+def _linear(name, shape, type_name, bias):
+    """A linear layer's weight [..., rows, cols] in `type_name` (rows of RMS 1/sqrt(cols)) and,
+    unless bias is None, its F32 bias [..., rows] of that fill."""
+    out = [(name + ".weight", shape, type_name, shape[-1] ** -0.5)]
+    if bias is not None:
+        out.append((name + ".bias", shape[:-1], "F32", bias))
+    return out
+
+
 def _tensors(shape, layers, vocab):
     """The (name, numpy shape (outermost first), type name, fill) of every tensor, in file order.
     fill: the target RMS of a quantized tensor's values, else "ones", "zeros" or ("randn", std)
     for F32."""
-    out = []
     if shape == "qwen3-30b-a3b":
         H, I, E, HEADS, KV, HD = 2048, 768, 128, 32, 4, 128
-        out.append(("token_embd.weight", (vocab, H), "Q4_0", 1.0))
-        for i in range(layers):
-            b = f"blk.{i}."
-            out += [(b + "attn_norm.weight", (H,), "F32", "ones"),
-                    (b + "attn_q.weight", (HEADS * HD, H), "Q4_0", H ** -0.5),
-                    (b + "attn_k.weight", (KV * HD, H), "Q4_0", H ** -0.5),
-                    (b + "attn_v.weight", (KV * HD, H), "Q4_0", H ** -0.5),
-                    (b + "attn_output.weight", (H, HEADS * HD), "Q4_0", (HEADS * HD) ** -0.5),
-                    (b + "attn_q_norm.weight", (HD,), "F32", "ones"),
-                    (b + "attn_k_norm.weight", (HD,), "F32", "ones"),
-                    (b + "ffn_norm.weight", (H,), "F32", "ones"),
-                    (b + "ffn_gate_inp.weight", (E, H), "F32", ("randn", H ** -0.5)),
-                    (b + "ffn_gate_exps.weight", (E, I, H), "Q4_0", H ** -0.5),
-                    (b + "ffn_up_exps.weight", (E, I, H), "Q4_0", H ** -0.5),
-                    (b + "ffn_down_exps.weight", (E, H, I), "Q4_0", I ** -0.5)]
-        out += [("output_norm.weight", (H,), "F32", "ones"),
-                ("output.weight", (vocab, H), "Q6_K", H ** -0.5)]
+        embd, attn, experts, output = "Q4_0", "Q4_0", "Q4_0", "Q6_K"
     elif shape == "gpt-oss-20b":
         H, I, E, HEADS, KV, HD = 2880, 2880, 32, 64, 8, 64
-        out.append(("token_embd.weight", (vocab, H), "Q8_0", 1.0))
-        for i in range(layers):
-            b = f"blk.{i}."
-            out += [(b + "attn_norm.weight", (H,), "F32", "ones"),
-                    (b + "attn_q.weight", (HEADS * HD, H), "Q8_0", H ** -0.5),
-                    (b + "attn_q.bias", (HEADS * HD,), "F32", "zeros"),
-                    (b + "attn_k.weight", (KV * HD, H), "Q8_0", H ** -0.5),
-                    (b + "attn_k.bias", (KV * HD,), "F32", "zeros"),
-                    (b + "attn_v.weight", (KV * HD, H), "Q8_0", H ** -0.5),
-                    (b + "attn_v.bias", (KV * HD,), "F32", "zeros"),
-                    (b + "attn_output.weight", (H, HEADS * HD), "Q8_0", (HEADS * HD) ** -0.5),
-                    (b + "attn_output.bias", (H,), "F32", "zeros"),
-                    (b + "attn_sinks.weight", (HEADS,), "F32", "zeros"),
-                    (b + "post_attention_norm.weight", (H,), "F32", "ones"),
-                    (b + "ffn_gate_inp.weight", (E, H), "F32", ("randn", H ** -0.5)),
-                    (b + "ffn_gate_inp.bias", (E,), "F32", "zeros"),
-                    (b + "ffn_gate_exps.weight", (E, I, H), "MXFP4", H ** -0.5),
-                    (b + "ffn_gate_exps.bias", (E, I), "F32", ("randn", 0.1)),
-                    (b + "ffn_up_exps.weight", (E, I, H), "MXFP4", H ** -0.5),
-                    (b + "ffn_up_exps.bias", (E, I), "F32", ("randn", 0.1)),
-                    (b + "ffn_down_exps.weight", (E, H, I), "MXFP4", I ** -0.5),
-                    (b + "ffn_down_exps.bias", (E, H), "F32", ("randn", 0.1))]
-        out += [("output_norm.weight", (H,), "F32", "ones"),
-                ("output.weight", (vocab, H), "Q8_0", H ** -0.5)]
+        embd, attn, experts, output = "Q8_0", "Q8_0", "MXFP4", "Q8_0"
     else:
         raise ValueError(f"unknown shape {shape!r} (expected one of {', '.join(SHAPES)})")
+    gpt_oss = shape == "gpt-oss-20b"  # biases, sinks; no q/k norms
+    out = [("token_embd.weight", (vocab, H), embd, 1.0)]
+    for i in range(layers):
+        b = f"blk.{i}."
+        out.append((b + "attn_norm.weight", (H,), "F32", "ones"))
+        for name, rows, cols in (("attn_q", HEADS * HD, H), ("attn_k", KV * HD, H),
+                                 ("attn_v", KV * HD, H), ("attn_output", H, HEADS * HD)):
+            out += _linear(b + name, (rows, cols), attn, "zeros" if gpt_oss else None)
+        if gpt_oss:
+            out += [(b + "attn_sinks.weight", (HEADS,), "F32", "zeros"),
+                    (b + "post_attention_norm.weight", (H,), "F32", "ones")]
+        else:
+            out += [(b + "attn_q_norm.weight", (HD,), "F32", "ones"),
+                    (b + "attn_k_norm.weight", (HD,), "F32", "ones"),
+                    (b + "ffn_norm.weight", (H,), "F32", "ones")]
+        out.append((b + "ffn_gate_inp.weight", (E, H), "F32", ("randn", H ** -0.5)))
+        if gpt_oss:
+            out.append((b + "ffn_gate_inp.bias", (E,), "F32", "zeros"))
+        for name, rows, cols in (("ffn_gate_exps", I, H), ("ffn_up_exps", I, H),
+                                 ("ffn_down_exps", H, I)):
+            out += _linear(b + name, (E, rows, cols), experts, ("randn", 0.1) if gpt_oss else None)
+    out += [("output_norm.weight", (H,), "F32", "ones"),
+            ("output.weight", (vocab, H), output, H ** -0.5)]
     return out
 
 
