@@ -9,6 +9,8 @@
 #   --torch2       the pinned PyTorch 2 venv of the PyTorch 2 stage (below)
 #   --vllm         the vLLM venv of the vLLM stage (vLLM's CPU build, python/requirements-vllm.txt)
 set -euo pipefail
+# shellcheck source=scripts/install-lib.sh
+. "$(dirname "$0")/install-lib.sh"
 
 # OpenMPI: the MPI adapter and the program's --expert-parallel (mpirun starts local processes
 # through its ssh launcher component, which wants an ssh client installed)
@@ -31,17 +33,7 @@ for arg in "$@"; do
        exit 2 ;;
   esac
 done
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "installing: ${missing[*]}" >&2
-  sudo=""
-  [ "$(id -u)" -ne 0 ] && sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+install_missing "${packages[@]}"
 
 # PyTorch 2: the venv lives outside the clone (W4A8MOE_CACHE, default /var/cache/w4a8moe, or
 # ~/.cache/w4a8moe where that is not writable), so later runs on this machine reuse it; it is
@@ -51,13 +43,8 @@ fi
 if [ "$torch2" = 1 ]; then
   venv="$(scripts/torch2-env.sh)"
   want="$(cat python/requirements-torch2.txt python/constraints-torch2.txt | sha256sum | cut -d' ' -f1)"
-  if [ "$(cat "$venv/.w4a8moe-requirements" 2>/dev/null)" != "$want" ]; then
-    echo "filling the PyTorch 2 venv $venv (python/*-torch2.txt changed or new)" >&2
-    [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv"
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir \
-      -r python/requirements-torch2.txt -c python/constraints-torch2.txt >&2
-    echo "$want" >"$venv/.w4a8moe-requirements"
-  fi
+  fill_venv "$venv" "$want" "the PyTorch 2 venv $venv (python/*-torch2.txt changed or new)" \
+    --no-cache-dir -r python/requirements-torch2.txt -c python/constraints-torch2.txt
 fi
 
 # vLLM: the same scheme from a lock file (every package at its version, installed without
@@ -65,11 +52,6 @@ fi
 if [ "$vllm" = 1 ]; then
   venv="$(scripts/vllm-env.sh)"
   want="$(sha256sum python/requirements-vllm.txt | cut -d' ' -f1)"
-  if [ "$(cat "$venv/.w4a8moe-requirements" 2>/dev/null)" != "$want" ]; then
-    echo "filling the vLLM venv $venv (python/requirements-vllm.txt changed or new)" >&2
-    [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv"
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir --no-deps \
-      -r python/requirements-vllm.txt >&2
-    echo "$want" >"$venv/.w4a8moe-requirements"
-  fi
+  fill_venv "$venv" "$want" "the vLLM venv $venv (python/requirements-vllm.txt changed or new)" \
+    --no-cache-dir --no-deps -r python/requirements-vllm.txt
 fi

@@ -12,6 +12,8 @@
 # below rebuilds. A lock serialises concurrent first calls.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/install-lib.sh
+. scripts/install-lib.sh
 version=0.3.36
 gguf_pin="gguf==0.19.0"
 cache="$(scripts/cache-dir.sh)"
@@ -24,12 +26,7 @@ targets=(llama-bench llama-batched-bench)
 
 # the venv: gguf-py writes the models; its pip also fetches the sdist below
 make_venv() {
-  if [ "$(cat "$venv/.w4a8moe-requirements" 2>/dev/null)" != "$gguf_pin" ]; then
-    echo "filling the llama.cpp venv $venv ($gguf_pin)" >&2
-    [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv"
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check "$gguf_pin" >&2
-    echo "$gguf_pin" >"$venv/.w4a8moe-requirements"
-  fi
+  fill_venv "$venv" "$gguf_pin" "the llama.cpp venv $venv ($gguf_pin)" "$gguf_pin"
 }
 
 case "${1:-}" in
@@ -53,19 +50,7 @@ mkdir -p "$dir"
 exec 9>"$dir.lock"
 flock 9
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  missing=()
-  for p in cmake make g++; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
-      missing+=("$p")
-  done
-  if [ ${#missing[@]} -gt 0 ]; then
-    echo "installing: ${missing[*]}" >&2
-    sudo=""
-    [ "$(id -u)" -ne 0 ] && sudo="sudo"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
-      "${missing[@]}"
-  fi
+  install_missing cmake make g++
   (exec 8>"$venv.lock"; flock 8; make_venv)
   src="$dir/src"
   if [ ! -f "$src/vendor/llama.cpp/CMakeLists.txt" ]; then
