@@ -37,14 +37,20 @@ wait "$venvs_pid" || { cat "$venvs_log"; echo "filling the venvs failed" >&2; ex
 cat "$venvs_log" >&2
 rm -f "$venvs_log"
 
+# The PyTorch 2 and vLLM stages' build: `pip install .` of this clone into <venv>, with warnings
+# as errors and ccache in front.
+pip_install_clone() {  # <stage> <venv>
+  echo "== $1 stage: pip install . into $2, pytest python/tests from /tmp =="
+  CMAKE_BUILD_PARALLEL_LEVEL="$jobs" "$2/bin/python" -m pip install -q --disable-pip-version-check \
+    --no-build-isolation --no-deps --force-reinstall -Ccmake.define.W4A8MOE_WERROR=ON \
+    -Ccmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache .
+}
+
 torch2_stage() {
   local start=$SECONDS repo=$PWD venv
   scripts/install-deps.sh --torch2
   venv="$(scripts/torch2-env.sh)"
-  echo "== PyTorch 2 stage: pip install . into $venv, pytest python/tests from /tmp =="
-  CMAKE_BUILD_PARALLEL_LEVEL="$jobs" "$venv/bin/python" -m pip install -q --disable-pip-version-check \
-    --no-build-isolation --no-deps --force-reinstall -Ccmake.define.W4A8MOE_WERROR=ON \
-    -Ccmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache .
+  pip_install_clone "PyTorch 2" "$venv"
   (cd /tmp && W4A8MOE_CLI="$repo/build-test/w4a8moe" \
      "$venv/bin/python" -m pytest -q -p no:cacheprovider "$repo/python/tests")
   echo "== PyTorch 2 stage: $((SECONDS - start)) s =="
@@ -66,10 +72,7 @@ vllm_stage() {
   local start=$SECONDS repo=$PWD venv
   scripts/install-deps.sh --vllm
   venv="$(scripts/vllm-env.sh)"
-  echo "== vLLM stage: pip install . into $venv, pytest python/tests from /tmp =="
-  CMAKE_BUILD_PARALLEL_LEVEL="$jobs" "$venv/bin/python" -m pip install -q --disable-pip-version-check \
-    --no-build-isolation --no-deps --force-reinstall -Ccmake.define.W4A8MOE_WERROR=ON \
-    -Ccmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache .
+  pip_install_clone vLLM "$venv"
   # vLLM runs a model on one core (it keeps the others for its front end), so the suite runs as
   # two pytest processes at once, each binding its engines to its half of the cores (the tensor
   # and expert parallel cases bind one rank per core over all of them); their logs follow.
