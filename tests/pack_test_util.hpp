@@ -1,6 +1,7 @@
-// Helpers of the packing suites (test_pack.cpp, test_pack_damage.cpp, test_pack_formats.cpp): byte
-// comparison and copies of packed buffers, the small case they pack, the fixture packing for the
-// active kernel set, and the one that damages buffers and expects them refused.
+// Helpers of the packing suites (test_pack.cpp, test_pack_damage.cpp, test_pack_formats.cpp; the
+// relabelled headers of test_linear_int8.cpp): byte comparison and copies of packed buffers, a
+// copy with its header changed, the small case they pack, the fixture packing for the active
+// kernel set, and the one that damages buffers and expects them refused.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -27,6 +28,20 @@ inline w4a8moe::PackedWeights copy_of(std::span<const uint8_t> bytes) {
   w4a8moe::PackedWeights p = w4a8moe::PackedWeights::allocate(bytes.size());
   std::memcpy(p.data(), bytes.data(), bytes.size());
   return p;
+}
+
+// A copy with the header changed and its checksum made valid again, so that the check of the
+// changed field (not the checksum) must catch it.
+inline w4a8moe::PackedWeights with_header(
+    const w4a8moe::PackedWeights& w,
+    const std::function<void(w4a8moe::detail::PackedHeader&)>& change) {
+  w4a8moe::PackedWeights copy = copy_of(w.bytes());
+  w4a8moe::detail::PackedHeader h;
+  std::memcpy(&h, copy.data(), sizeof h);
+  change(h);
+  h.checksum = w4a8moe::detail::header_checksum(h);
+  std::memcpy(copy.data(), &h, sizeof h);
+  return copy;
 }
 
 inline moe_test::CaseSpec small_spec(int group_size = 64) {
@@ -66,20 +81,6 @@ class PackedDamage : public Pack {
     };
     EXPECT_TRUE(moe_test::throws_error(run, fragments));
     EXPECT_TRUE(moe_test::throws_error(run, {as_w13 ? "w13_packed" : "w2_packed"}));
-  }
-
-  // A copy with the header changed and its checksum made valid again, so that the check of the
-  // changed field (not the checksum) must catch it.
-  w4a8moe::PackedWeights with_header(
-      const w4a8moe::PackedWeights& w,
-      const std::function<void(w4a8moe::detail::PackedHeader&)>& change) {
-    w4a8moe::PackedWeights copy = copy_of(w.bytes());
-    w4a8moe::detail::PackedHeader h;
-    std::memcpy(&h, copy.data(), sizeof h);
-    change(h);
-    h.checksum = w4a8moe::detail::header_checksum(h);
-    std::memcpy(copy.data(), &h, sizeof h);
-    return copy;
   }
 
   moe_test::Case case_;

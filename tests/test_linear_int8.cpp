@@ -28,6 +28,7 @@
 
 #include "common/numeric.hpp"
 #include "pack/packed_format.hpp"
+#include "pack_test_util.hpp"
 #include "reference/reference.hpp"
 #include "registry.hpp"
 #include "test_util.hpp"
@@ -37,6 +38,7 @@ namespace {
 
 using moe_test::DType;
 using moe_test::throws_error;
+using pack_test::with_header;
 using w4a8moe::MutableTensorView;
 using w4a8moe::TensorView;
 using w4a8moe::WeightFormat;
@@ -293,41 +295,34 @@ TEST(LinearInt8, ScaleStorage) {
 TEST(LinearInt8, DamagedHeaderRefused) {
   const Int8Case c = make_int8_case({"damage", 1, 40, 256});
   const w4a8moe::PackedWeights packed = pack_int8(c);
-  const auto relabelled = [&](auto change) {
-    std::vector<uint8_t> bytes(packed.bytes().begin(), packed.bytes().end());
-    w4a8moe::detail::PackedHeader h;
-    std::memcpy(&h, bytes.data(), sizeof h);
-    change(h);
-    h.checksum = w4a8moe::detail::header_checksum(h);
-    std::memcpy(bytes.data(), &h, sizeof h);
-    return bytes;
-  };
-  const std::vector<uint8_t> as_zero_points =
-      relabelled([](w4a8moe::detail::PackedHeader& h) { h.weight_format = 1; });
+  const w4a8moe::PackedWeights as_zero_points =
+      with_header(packed, [](w4a8moe::detail::PackedHeader& h) { h.weight_format = 1; });
   if (bytes_layout(packed)) {
     EXPECT_TRUE(throws_error(
-        [&] { w4a8moe::inspect_packed(as_zero_points, "w_packed"); },
+        [&] { w4a8moe::inspect_packed(as_zero_points.bytes(), "w_packed"); },
         {"w_packed: expected int8 weights for layout qu8_p16k4", "got int4_zero_point weights"}));
   } else {
-    EXPECT_TRUE(throws_error([&] { w4a8moe::inspect_packed(as_zero_points, "w_packed"); },
+    EXPECT_TRUE(throws_error([&] { w4a8moe::inspect_packed(as_zero_points.bytes(), "w_packed"); },
                              {"w_packed", "sizes do not match"}));
   }
-  const std::vector<uint8_t> grouped =
-      relabelled([](w4a8moe::detail::PackedHeader& h) { h.group_size = 256; });
+  const w4a8moe::PackedWeights grouped =
+      with_header(packed, [](w4a8moe::detail::PackedHeader& h) { h.group_size = 256; });
   EXPECT_TRUE(
-      throws_error([&] { w4a8moe::inspect_packed(grouped, "w_packed"); },
+      throws_error([&] { w4a8moe::inspect_packed(grouped.bytes(), "w_packed"); },
                    {"w_packed: expected group size -1 for int8 weights, got group size 256"}));
   // the layout relabelled between bytes and nibbles: the sizes no longer match
-  const std::vector<uint8_t> other_layout = relabelled([&](w4a8moe::detail::PackedHeader& h) {
-    h.layout = static_cast<uint32_t>(bytes_layout(packed) ? w4a8moe::detail::LayoutId::qu4_p16k8
-                                                          : w4a8moe::detail::LayoutId::qu8_p16k4);
-  });
-  EXPECT_TRUE(throws_error([&] { w4a8moe::inspect_packed(other_layout, "w_packed"); },
+  const w4a8moe::PackedWeights other_layout =
+      with_header(packed, [&](w4a8moe::detail::PackedHeader& h) {
+        h.layout =
+            static_cast<uint32_t>(bytes_layout(packed) ? w4a8moe::detail::LayoutId::qu4_p16k8
+                                                       : w4a8moe::detail::LayoutId::qu8_p16k4);
+      });
+  EXPECT_TRUE(throws_error([&] { w4a8moe::inspect_packed(other_layout.bytes(), "w_packed"); },
                            {"w_packed", "sizes do not match"}));
-  const std::vector<uint8_t> as_w13 = relabelled([](w4a8moe::detail::PackedHeader& h) {
+  const w4a8moe::PackedWeights as_w13 = with_header(packed, [](w4a8moe::detail::PackedHeader& h) {
     h.role = static_cast<uint32_t>(w4a8moe::WeightRole::w13);
   });
-  EXPECT_TRUE(throws_error([&] { w4a8moe::inspect_packed(as_w13, "w_packed"); },
+  EXPECT_TRUE(throws_error([&] { w4a8moe::inspect_packed(as_w13.bytes(), "w_packed"); },
                            {"w_packed: expected one expert of role w2 for int8 weights"}));
 }
 
@@ -359,11 +354,7 @@ TEST(LinearInt8, NonFiniteRowStaysInItsRow) {
   c.x.values[64 + 9] = std::numeric_limits<float>::infinity();
   c.x = moe_test::make_float_tensor(c.x.values, DType::f32);
   const std::vector<float> got = run(c, packed.bytes(), shared_context());
-  for (int64_t n = 0; n < 40; ++n) {
-    EXPECT_TRUE(std::isnan(got[static_cast<size_t>(40 + n)])) << n;
-    EXPECT_TRUE(std::isfinite(got[static_cast<size_t>(n)])) << n;
-    EXPECT_TRUE(std::isfinite(got[static_cast<size_t>(80 + n)])) << n;
-  }
+  moe_test::expect_non_finite_only_in_row(got, 40, 1);
 }
 
 class LinearInt8Input : public testing::Test {

@@ -21,6 +21,7 @@ using moe_test::CaseSpec;
 using pack_test::copy_of;
 using pack_test::PackedDamage;
 using pack_test::small_spec;
+using pack_test::with_header;
 using w4a8moe::PackedWeights;
 
 TEST_F(PackedDamage, IntactBuffersAreAccepted) {

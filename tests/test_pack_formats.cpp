@@ -25,6 +25,7 @@ using moe_test::DType;
 using pack_test::PackedDamage;
 using pack_test::same_bytes;
 using pack_test::small_spec;
+using pack_test::with_header;
 using w4a8moe::PackedWeights;
 using w4a8moe::TensorView;
 
@@ -64,13 +65,8 @@ TEST_F(Mxfp4Input, RefusesANanScaleByPosition) {
       {"w2_scale", "e8m0", "[0, 254]", "got 255 (NaN) at [0, 5, 0]"}));
   w4a8moe::LogicalWeights lw = case_.logical();
   lw.w2_scale = sv;
-  moe_test::Output out = moe_test::make_output(case_);
-  EXPECT_TRUE(moe_test::throws_error(
-      [&] {
-        w4a8moe::reference_forward(case_.x_view(), case_.ids_view(), case_.topk_weights_view(), lw,
-                                   case_.params(), out.view());
-      },
-      {"e8m0", "got 255 (NaN)"}));
+  EXPECT_TRUE(moe_test::throws_error([&] { moe_test::run_library_reference(case_, lw); },
+                                     {"e8m0", "got 255 (NaN)"}));
 }
 
 TEST_F(Mxfp4Input, RefusesWhatIsNotMxfp4) {
@@ -137,13 +133,8 @@ TEST_F(ZeroPointInput, RefusesAZeroPointOutOfRangeByPosition) {
       {"w2_zero_point", "[-8, 7]", "got 8 at [0, 5, 0]"}));
   w4a8moe::LogicalWeights lw = case_.logical();
   lw.w2_zero_point = zv;
-  moe_test::Output out = moe_test::make_output(case_);
-  EXPECT_TRUE(moe_test::throws_error(
-      [&] {
-        w4a8moe::reference_forward(case_.x_view(), case_.ids_view(), case_.topk_weights_view(), lw,
-                                   case_.params(), out.view());
-      },
-      {"zero points", "[-8, 7]", "got 8"}));
+  EXPECT_TRUE(moe_test::throws_error([&] { moe_test::run_library_reference(case_, lw); },
+                                     {"zero points", "[-8, 7]", "got 8"}));
 }
 
 TEST_F(ZeroPointInput, RefusesMissingOrMisshapenZeroPoints) {
@@ -315,13 +306,8 @@ TEST_F(InputOrderInput, RefusesWhatIsNotAPermutationOrNotW13s) {
   // the library's reference checks the logical order too
   w4a8moe::LogicalWeights lw = case_.logical();
   lw.w13_input_order = view(DType::i32, {3, 256});
-  moe_test::Output out = moe_test::make_output(case_);
-  EXPECT_TRUE(moe_test::throws_error(
-      [&] {
-        w4a8moe::reference_forward(case_.x_view(), case_.ids_view(), case_.topk_weights_view(), lw,
-                                   case_.params(), out.view());
-      },
-      {"w13_input_order", "twice in row 1"}));
+  EXPECT_TRUE(moe_test::throws_error([&] { moe_test::run_library_reference(case_, lw); },
+                                     {"w13_input_order", "twice in row 1"}));
 }
 
 }  // namespace

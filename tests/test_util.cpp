@@ -483,10 +483,12 @@ Output run_forward(const Case& c, const PackedPair& packed, w4a8moe::Context& co
   return o;
 }
 
-Output run_library_reference(const Case& c) {
+Output run_library_reference(const Case& c) { return run_library_reference(c, c.logical()); }
+
+Output run_library_reference(const Case& c, const w4a8moe::LogicalWeights& weights) {
   Output o = make_output(c);
-  w4a8moe::reference_forward(c.x_view(), c.ids_view(), c.topk_weights_view(), c.logical(),
-                             c.params(), o.view());
+  w4a8moe::reference_forward(c.x_view(), c.ids_view(), c.topk_weights_view(), weights, c.params(),
+                             o.view());
   return o;
 }
 
@@ -585,6 +587,16 @@ testing::AssertionResult matches_float(const std::vector<float>& got,
   if (!(nrmse <= max_nrmse))
     return testing::AssertionFailure() << "normalised RMS error " << nrmse << " > " << max_nrmse;
   return testing::AssertionSuccess() << "normalised RMS error " << nrmse;
+}
+
+void expect_non_finite_only_in_row(const std::vector<float>& out, int64_t cols, int64_t bad_row) {
+  for (size_t i = 0; i < out.size(); ++i) {
+    const auto row = static_cast<int64_t>(i) / cols, n = static_cast<int64_t>(i) % cols;
+    if (row == bad_row)
+      EXPECT_TRUE(std::isnan(out[i])) << "row " << row << " element " << n;
+    else
+      EXPECT_TRUE(std::isfinite(out[i])) << "row " << row << " element " << n;
+  }
 }
 
 testing::AssertionResult throws_error(const std::function<void()>& f,

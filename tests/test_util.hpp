@@ -145,6 +145,8 @@ struct Output {
 Output make_output(const Case& c);
 Output run_forward(const Case& c, const PackedPair& packed, w4a8moe::Context& context);
 Output run_library_reference(const Case& c);
+// The same with other weights than the case's (changed to be refused).
+Output run_library_reference(const Case& c, const w4a8moe::LogicalWeights& weights);
 
 // ---- comparisons ------------------------------------------------------------------------------
 //
@@ -187,6 +189,10 @@ testing::AssertionResult matches_exact(const Case& c, const std::vector<float>& 
 testing::AssertionResult matches_float(const std::vector<float>& got,
                                        const std::vector<double>& ref, double max_nrmse,
                                        double* nrmse_out = nullptr);
+
+// `out` [rows, cols] of a call whose input row `bad_row` held a non-finite value: that row all
+// NaN, every other row finite (the value stays in its row).
+void expect_non_finite_only_in_row(const std::vector<float>& out, int64_t cols, int64_t bad_row);
 
 // Passes when `f` throws w4a8moe::Error whose message contains every fragment (the argument's
 // name, the problem); fails when it returns, throws something else, or says something else.

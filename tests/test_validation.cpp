@@ -273,23 +273,12 @@ TEST(PackerInput, ScaleAndBiasShapes) {
 
 TEST(PackerInput, ReferenceForwardChecksTheLogicalWeights) {
   const Case c = moe_test::make_case(small_spec());
-  moe_test::Output out = moe_test::make_output(c);
   w4a8moe::LogicalWeights w = c.logical();
   w.group_size = 48;
-  EXPECT_TRUE(throws_error(
-      [&] {
-        w4a8moe::reference_forward(c.x_view(), c.ids_view(), c.topk_weights_view(), w, c.params(),
-                                   out.view());
-      },
-      {"group", "48"}));
+  EXPECT_TRUE(throws_error([&] { moe_test::run_library_reference(c, w); }, {"group", "48"}));
   w = c.logical();
   w.w2 = TensorView::of(c.w2.data(), DType::i8, {4, 256, 64});  // I = 64 against w13's 128
-  EXPECT_TRUE(throws_error(
-      [&] {
-        w4a8moe::reference_forward(c.x_view(), c.ids_view(), c.topk_weights_view(), w, c.params(),
-                                   out.view());
-      },
-      {"w2"}));
+  EXPECT_TRUE(throws_error([&] { moe_test::run_library_reference(c, w); }, {"w2"}));
 }
 
 // ---- bad values in the data, special rows -------------------------------------------------------
