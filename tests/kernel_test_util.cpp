@@ -81,6 +81,11 @@ GemmWeights random_gemm_weights(std::mt19937& rng, int64_t rows, int64_t cols, i
   return out;
 }
 
+std::string describe(const KernelSet& set, const GemmCase& c) {
+  return std::string(set.name) + " rows " + std::to_string(c.rows) + " cols " +
+         std::to_string(c.cols) + " group " + std::to_string(c.group) + (c.w13 ? " w13" : " w2");
+}
+
 double expected(const std::vector<int8_t>& w, const std::vector<float>& s, int64_t cols,
                 int64_t groups, int64_t n, const QuantRow& a, int64_t group_len, double bias) {
   const auto* q = static_cast<const int8_t*>(a.data);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernel_set_test.hpp"
@@ -60,6 +61,8 @@ struct GemmCase {
   int group;
   bool w13;
 };
+// "avx2 rows 9 cols 64 group 32 w2": a case of `set`, for SCOPED_TRACE.
+std::string describe(const detail::KernelSet& set, const GemmCase& c);
 
 // Double-precision value of the GEMM contract for one output row from the logical weights.
 double expected(const std::vector<int8_t>& w, const std::vector<float>& s, int64_t cols,

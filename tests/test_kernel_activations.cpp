@@ -16,11 +16,8 @@
 namespace {
 
 using namespace w4a8moe;
-using kernel_tests::KernelSetTest;
 
-class KernelActivation : public KernelSetTest {};
-INSTANTIATE_TEST_SUITE_P(, KernelActivation, ::testing::ValuesIn(kernel_tests::table_sets()),
-                         kernel_tests::set_name);
+W4A8MOE_KERNEL_SET_SUITE(KernelActivation);
 
 constexpr Activation kActivations[] = {Activation::swiglustep, Activation::swigluoai,
                                        Activation::silu, Activation::gelu, Activation::gelu_tanh};

@@ -30,8 +30,7 @@ using namespace w4a8moe::kernel_tests;
 using detail::KernelSet;
 using detail::QuantRow;
 
-class KernelInt8 : public KernelSetTest {};
-INSTANTIATE_TEST_SUITE_P(, KernelInt8, ::testing::ValuesIn(table_sets()), set_name);
+W4A8MOE_KERNEL_SET_SUITE(KernelInt8);
 
 struct Int8Layer {
   int64_t rows, cols;

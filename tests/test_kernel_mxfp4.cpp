@@ -46,8 +46,7 @@ TEST_P(KernelGemm, Mxfp4MatchesTheFormulaAroundTileEdges) {
                                                  {40, 2048, 32, false},
                                                  {6, 64, 32, true},
                                                  {200, 96, 32, true}}) {
-    SCOPED_TRACE(std::string(set->name) + " rows " + std::to_string(c.rows) + " cols " +
-                 std::to_string(c.cols) + (c.w13 ? " w13" : " w2"));
+    SCOPED_TRACE(describe(*set, c));
     const Mxfp4Weights mw = mxfp4_weights(
         c.rows, c.cols, [&](int64_t) { return ci(rng); }, [&](int64_t) { return ei(rng); });
     std::vector<float> bias(static_cast<size_t>(c.rows));

@@ -26,8 +26,7 @@ using namespace w4a8moe::kernel_tests;
 using detail::KernelSet;
 using detail::QuantRow;
 
-class KernelQuantize : public KernelSetTest {};
-INSTANTIATE_TEST_SUITE_P(, KernelQuantize, ::testing::ValuesIn(table_sets()), set_name);
+W4A8MOE_KERNEL_SET_SUITE(KernelQuantize);
 INSTANTIATE_TEST_SUITE_P(, KernelGemm, ::testing::ValuesIn(table_sets()), set_name);
 
 // The table lists exactly the sets the build compiles (W4A8MOE_KERNEL_SETS of CMakeLists.txt,
@@ -101,9 +100,7 @@ TEST_P(KernelGemm, MatchesTheFormulaAroundTileEdges) {
   };
   const KernelSet* set = GetParam();
   for (const GemmCase& c : cases) {
-    SCOPED_TRACE(std::string(set->name) + " rows " + std::to_string(c.rows) + " cols " +
-                 std::to_string(c.cols) + " group " + std::to_string(c.group) +
-                 (c.w13 ? " w13" : " w2"));
+    SCOPED_TRACE(describe(*set, c));
     auto [groups, w, s, bias] = random_gemm_weights(rng, c.rows, c.cols, c.group, 97, 89);
     PackOptions po;
     po.group_size = c.group;
@@ -258,9 +255,7 @@ TEST_P(KernelGemm, ZeroPointMatchesTheFormulaAroundTileEdges) {
                                                  {6, 64, 32, true},
                                                  {34, 64, -1, true},
                                                  {200, 96, 32, true}}) {
-    SCOPED_TRACE(std::string(set->name) + " rows " + std::to_string(c.rows) + " cols " +
-                 std::to_string(c.cols) + " group " + std::to_string(c.group) +
-                 (c.w13 ? " w13" : " w2"));
+    SCOPED_TRACE(describe(*set, c));
     auto [groups, w, s, bias] = random_gemm_weights(rng, c.rows, c.cols, c.group, 97, 89);
     const ZeroPointWeights zw = zero_point_weights(
         c.rows, c.cols, c.group, [&](int64_t i) { return w[static_cast<size_t>(i)]; },
