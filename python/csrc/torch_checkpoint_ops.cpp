@@ -123,11 +123,7 @@ TORCH_LIBRARY_IMPL(w4a8moe, CPU, m) {
   m.impl("pack_checkpoint_linear", &w4a8moe_torch::pack_checkpoint_linear_cpu);
 }
 
-#if TORCH_VERSION_MAJOR < 2
-TORCH_LIBRARY_IMPL(w4a8moe, AutogradMeta, m) {
-#else
-TORCH_LIBRARY_IMPL(w4a8moe, Autograd, m) {
-#endif
-  for (const char* name : {"pack_checkpoint_moe", "pack_checkpoint_linear"})
-    m.impl(name, torch::CppFunction::makeFallthrough());
+// Not differentiable: the Autograd fallthrough of every op (torch_util.hpp).
+TORCH_LIBRARY_IMPL(w4a8moe, W4A8MOE_TORCH_AUTOGRAD_KEY, m) {
+  w4a8moe_torch::util::not_differentiable(m, {"pack_checkpoint_moe", "pack_checkpoint_linear"});
 }

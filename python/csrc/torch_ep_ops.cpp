@@ -425,12 +425,8 @@ TORCH_LIBRARY_IMPL(w4a8moe, Meta, m) {
 #endif
 }
 
-// Not differentiable: the Autograd fallthrough of torch_ops.cpp's ops, for the same reasons.
-#if TORCH_VERSION_MAJOR < 2
-TORCH_LIBRARY_IMPL(w4a8moe, AutogradMeta, m) {
-#else
-TORCH_LIBRARY_IMPL(w4a8moe, Autograd, m) {
-#endif
-  for (const char* name : {"convert_to_w4a8_int8_moe_format_shard", "forward_local"})
-    m.impl(name, torch::CppFunction::makeFallthrough());
+// Not differentiable: the Autograd fallthrough of every op (torch_util.hpp).
+TORCH_LIBRARY_IMPL(w4a8moe, W4A8MOE_TORCH_AUTOGRAD_KEY, m) {
+  w4a8moe_torch::util::not_differentiable(
+      m, {"convert_to_w4a8_int8_moe_format_shard", "forward_local"});
 }

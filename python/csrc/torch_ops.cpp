@@ -133,16 +133,9 @@ Tensor moe_ex_meta(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_w
                    const Tensor& w13_packed, const Tensor& w2_packed, int64_t hidden_size,
                    int64_t intermediate_size, int64_t group_size, bool apply_router_weight_on_input,
                    int64_t activation_kind, double alpha, double limit) {
-  TORCH_CHECK(w13_packed.scalar_type() == at::kByte && w2_packed.scalar_type() == at::kByte,
-              "w13_packed, w2_packed: expected uint8 tensors of packed weights, got ",
-              w13_packed.scalar_type(), " and ", w2_packed.scalar_type());
-  TORCH_CHECK(intermediate_size >= 1, "intermediate_size: expected a positive value, got ",
-              intermediate_size);
-  TORCH_CHECK(w4a8moe::is_valid_group_size(group_size),
-              "group_size: expected -1 or a multiple of 32, got ", group_size);
-  const auto shape =
-      infer_output(x, topk_ids, topk_weights, Sizes{hidden_size, intermediate_size, group_size},
-                   activation_kind);
+  const Sizes sizes{hidden_size, intermediate_size, group_size};
+  headers::check_meta_packed(w13_packed, w2_packed, sizes);
+  const auto shape = infer_output(x, topk_ids, topk_weights, sizes, activation_kind);
   translate_errors([&] {
     w4a8moe::check_moe_params(
         moe_params(apply_router_weight_on_input, activation_kind, alpha, limit));
@@ -451,18 +444,9 @@ TORCH_LIBRARY_IMPL(w4a8moe, Meta, m) {
                                   &w4a8moe_torch::packed_info_meta>(m);
 }
 
-// The ops have no derivative. Torch 1.13 has no fallthrough for AutogradMeta (it has one for
-// AutogradCPU), so meta and fake tensors would stop there without these. Torch 2 warns (and will
-// fail) when an op without an autograd kernel sees inputs that require grad, e.g. router weights
-// of a module being traced: a fallthrough on the Autograd alias key is how an op says it is not
-// differentiable (its outputs then do not require grad).
-#if TORCH_VERSION_MAJOR < 2
-TORCH_LIBRARY_IMPL(w4a8moe, AutogradMeta, m) {
-#else
-TORCH_LIBRARY_IMPL(w4a8moe, Autograd, m) {
-#endif
-  for (const char* name :
-       {"dynamic_4bit_int_moe", "dynamic_4bit_int_moe_ex", "convert_to_w4a8_int8_moe_format",
-        "convert_to_w4a8_int8_moe_format_ex", "packed_info"})
-    m.impl(name, torch::CppFunction::makeFallthrough());
+// The ops have no derivative (torch_util.hpp says why every op registers this fallthrough).
+TORCH_LIBRARY_IMPL(w4a8moe, W4A8MOE_TORCH_AUTOGRAD_KEY, m) {
+  w4a8moe_torch::util::not_differentiable(
+      m, {"dynamic_4bit_int_moe", "dynamic_4bit_int_moe_ex", "convert_to_w4a8_int8_moe_format",
+          "convert_to_w4a8_int8_moe_format_ex", "packed_info"});
 }

@@ -104,6 +104,18 @@ inline void check_sizes_against_packed(const HeaderFacts& w13, const HeaderFacts
               s.group_size);
 }
 
+// What the Meta kernels check of the packed tensors and the size arguments: a meta tensor holds no
+// header to check them against, only its dtype.
+inline void check_meta_packed(const at::Tensor& w13_packed, const at::Tensor& w2_packed,
+                              const Sizes& s) {
+  TORCH_CHECK(w13_packed.scalar_type() == at::kByte && w2_packed.scalar_type() == at::kByte,
+              "w13_packed, w2_packed: expected uint8 tensors of packed weights, got ",
+              w13_packed.scalar_type(), " and ", w2_packed.scalar_type());
+  TORCH_CHECK(s.inter >= 1, "intermediate_size: expected a positive value, got ", s.inter);
+  TORCH_CHECK(w4a8moe::is_valid_group_size(s.group_size),
+              "group_size: expected -1 or a multiple of 32, got ", s.group_size);
+}
+
 // The bytes of both packed tensors, their headers checked against the size arguments.
 struct Packed {
   std::span<const uint8_t> w13, w2;

@@ -147,83 +147,75 @@ int64_t check_inputs(const Tensor& x, const Tensor& logits, const c10::optional<
   return tokens;
 }
 
-Tensor moe_routed_cpu(const Tensor& x_in, const Tensor& router_logits, const Tensor& w13_packed,
-                      const Tensor& w2_packed, int64_t hidden_size, int64_t intermediate_size,
-                      int64_t group_size, bool apply_router_weight_on_input,
-                      int64_t activation_kind, double alpha, double limit, int64_t top_k,
-                      std::string scoring_func, bool renormalize, double routed_scaling_factor,
-                      int64_t num_expert_group, int64_t topk_group,
-                      const c10::optional<Tensor>& e_score_correction_bias) {
+// Routes the tokens and runs forward() into out [T, H] (T > 0), the arguments checked.
+void route_and_forward(const Tensor& x_in, const Tensor& router_logits,
+                       const c10::optional<Tensor>& e_score_correction_bias,
+                       const headers::Packed& packed, const w4a8moe::RoutingConfig& config,
+                       const w4a8moe::MoeParams& params, Tensor& out) {
+  const int64_t tokens = out.size(0), hidden = out.size(1), k = config.top_k;
+  Tensor x = x_in, logits = router_logits, bias;
+  const w4a8moe::TensorView xv = view_of(x, "x", /*rows_strided=*/true);
+  const w4a8moe::TensorView lv = view_of(logits, "router_logits", /*rows_strided=*/true);
+  w4a8moe::TensorView bv;
+  if (has_tensor(e_score_correction_bias)) {
+    bias = *e_score_correction_bias;
+    bv = view_of(bias, "e_score_correction_bias");
+  }
+  const size_t slots = static_cast<size_t>(tokens * k);
+  std::vector<int32_t> ids(slots);
+  std::vector<float> weights(slots);
+  route_tokens(lv, logits.element_size(), bv, config, ids.data(), weights.data());
+  const auto ov = w4a8moe::MutableTensorView::of(out.data_ptr(), xv.dtype, {tokens, hidden});
+  threads::with_context([&](w4a8moe::Context& context) {
+    w4a8moe::forward(context, xv,
+                     w4a8moe::TensorView::of(ids.data(), w4a8moe::DType::i32, {tokens, k}),
+                     w4a8moe::TensorView::of(weights.data(), w4a8moe::DType::f32, {tokens, k}),
+                     packed.w13, packed.w2, params, ov);
+  });
+}
+
+// The op's kernel for CPU (kMeta false) and Meta: the same checks, in the same order, then on CPU
+// the routing and forward(). E is the experts in w13_packed's header on CPU; a meta tensor holds
+// no header, so the Meta kernel takes router_logits' columns.
+template <bool kMeta>
+Tensor moe_routed(const Tensor& x, const Tensor& router_logits, const Tensor& w13_packed,
+                  const Tensor& w2_packed, int64_t hidden_size, int64_t intermediate_size,
+                  int64_t group_size, bool apply_router_weight_on_input, int64_t activation_kind,
+                  double alpha, double limit, int64_t top_k, std::string scoring_func,
+                  bool renormalize, double routed_scaling_factor, int64_t num_expert_group,
+                  int64_t topk_group, const c10::optional<Tensor>& e_score_correction_bias) {
   return translate_errors([&] {
-    const headers::Packed packed = headers::checked_packed(
-        w13_packed, w2_packed, headers::Sizes{hidden_size, intermediate_size, group_size});
-    const int64_t experts = packed.w13_facts.experts;
-    constexpr const char* kFrom = "the experts in w13_packed";
-    const bool has_bias = has_tensor(e_score_correction_bias);
-    const w4a8moe::RoutingConfig config =
-        routing_config(experts, kFrom, top_k, scoring_func, renormalize, routed_scaling_factor,
-                       num_expert_group, topk_group, has_bias);
+    const headers::Sizes sizes{hidden_size, intermediate_size, group_size};
+    headers::Packed packed{};
+    int64_t experts = 0;
+    const char* experts_from = nullptr;
+    if constexpr (kMeta) {
+      headers::check_meta_packed(w13_packed, w2_packed, sizes);
+      TORCH_CHECK(router_logits.dim() == 2, "router_logits: expected rank 2 [T, E], got shape ",
+                  router_logits.sizes());
+      experts = router_logits.size(1);
+      experts_from = "the columns of router_logits";
+    } else {
+      packed = headers::checked_packed(w13_packed, w2_packed, sizes);
+      experts = packed.w13_facts.experts;
+      experts_from = "the experts in w13_packed";
+    }
+    const w4a8moe::RoutingConfig config = routing_config(
+        experts, experts_from, top_k, scoring_func, renormalize, routed_scaling_factor,
+        num_expert_group, topk_group, has_tensor(e_score_correction_bias));
     const int64_t tokens =
-        check_inputs(x_in, router_logits, e_score_correction_bias, hidden_size, experts, kFrom);
+        check_inputs(x, router_logits, e_score_correction_bias, hidden_size, experts, experts_from);
     const w4a8moe::MoeParams params =
         moe_params(apply_router_weight_on_input, activation_kind, alpha, limit);
     w4a8moe::check_moe_params(params);
-    Tensor out = at::empty({tokens, hidden_size}, x_in.options());
-    if (tokens == 0) return out;
-
-    Tensor x = x_in, logits = router_logits, bias;
-    const w4a8moe::TensorView xv = view_of(x, "x", /*rows_strided=*/true);
-    const w4a8moe::TensorView lv = view_of(logits, "router_logits", /*rows_strided=*/true);
-    w4a8moe::TensorView bv;
-    if (has_bias) {
-      bias = *e_score_correction_bias;
-      bv = view_of(bias, "e_score_correction_bias");
+    Tensor out = at::empty({tokens, hidden_size}, x.options());
+    if constexpr (!kMeta) {
+      if (tokens > 0)
+        route_and_forward(x, router_logits, e_score_correction_bias, packed, config, params, out);
     }
-    const size_t slots = static_cast<size_t>(tokens * top_k);
-    std::vector<int32_t> ids(slots);
-    std::vector<float> weights(slots);
-    route_tokens(lv, logits.element_size(), bv, config, ids.data(), weights.data());
-    const auto ov = w4a8moe::MutableTensorView::of(out.data_ptr(), xv.dtype, {tokens, hidden_size});
-    threads::with_context([&](w4a8moe::Context& context) {
-      w4a8moe::forward(
-          context, xv, w4a8moe::TensorView::of(ids.data(), w4a8moe::DType::i32, {tokens, top_k}),
-          w4a8moe::TensorView::of(weights.data(), w4a8moe::DType::f32, {tokens, top_k}), packed.w13,
-          packed.w2, params, ov);
-    });
     return out;
   });
 }
-
-#if TORCH_VERSION_MAJOR < 2  // torch 2: w4a8moe/_fake.py
-Tensor moe_routed_meta(const Tensor& x, const Tensor& router_logits, const Tensor& w13_packed,
-                       const Tensor& w2_packed, int64_t hidden_size, int64_t intermediate_size,
-                       int64_t group_size, bool apply_router_weight_on_input,
-                       int64_t activation_kind, double alpha, double limit, int64_t top_k,
-                       std::string scoring_func, bool renormalize, double routed_scaling_factor,
-                       int64_t num_expert_group, int64_t topk_group,
-                       const c10::optional<Tensor>& e_score_correction_bias) {
-  TORCH_CHECK(w13_packed.scalar_type() == at::kByte && w2_packed.scalar_type() == at::kByte,
-              "w13_packed, w2_packed: expected uint8 tensors of packed weights, got ",
-              w13_packed.scalar_type(), " and ", w2_packed.scalar_type());
-  TORCH_CHECK(intermediate_size >= 1, "intermediate_size: expected a positive value, got ",
-              intermediate_size);
-  TORCH_CHECK(w4a8moe::is_valid_group_size(group_size),
-              "group_size: expected -1 or a multiple of 32, got ", group_size);
-  TORCH_CHECK(router_logits.dim() == 2, "router_logits: expected rank 2 [T, E], got shape ",
-              router_logits.sizes());
-  const int64_t experts = router_logits.size(1);
-  constexpr const char* kFrom = "the columns of router_logits";
-  routing_config(experts, kFrom, top_k, scoring_func, renormalize, routed_scaling_factor,
-                 num_expert_group, topk_group, has_tensor(e_score_correction_bias));
-  const int64_t tokens =
-      check_inputs(x, router_logits, e_score_correction_bias, hidden_size, experts, kFrom);
-  translate_errors([&] {
-    w4a8moe::check_moe_params(
-        moe_params(apply_router_weight_on_input, activation_kind, alpha, limit));
-  });
-  return at::empty({tokens, hidden_size}, x.options());
-}
-#endif
 
 }  // namespace
 }  // namespace w4a8moe_torch
@@ -241,19 +233,15 @@ TORCH_LIBRARY_FRAGMENT(w4a8moe, m) {
       "-> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(w4a8moe, CPU, m) { m.impl("moe_routed", &w4a8moe_torch::moe_routed_cpu); }
+TORCH_LIBRARY_IMPL(w4a8moe, CPU, m) { m.impl("moe_routed", &w4a8moe_torch::moe_routed<false>); }
 
 // The shape function: here for torch 1.x; torch 2 takes it from w4a8moe/_fake.py, where the token
 // count stays symbolic under torch.compile (as for torch_ops.cpp's forward ops).
 #if TORCH_VERSION_MAJOR < 2
-TORCH_LIBRARY_IMPL(w4a8moe, Meta, m) { m.impl("moe_routed", &w4a8moe_torch::moe_routed_meta); }
+TORCH_LIBRARY_IMPL(w4a8moe, Meta, m) { m.impl("moe_routed", &w4a8moe_torch::moe_routed<true>); }
 #endif
 
-// Not differentiable: the Autograd fallthrough of torch_ops.cpp's ops, for the same reasons.
-#if TORCH_VERSION_MAJOR < 2
-TORCH_LIBRARY_IMPL(w4a8moe, AutogradMeta, m) {
-#else
-TORCH_LIBRARY_IMPL(w4a8moe, Autograd, m) {
-#endif
-  m.impl("moe_routed", torch::CppFunction::makeFallthrough());
+// Not differentiable: the Autograd fallthrough of every op (torch_util.hpp).
+TORCH_LIBRARY_IMPL(w4a8moe, W4A8MOE_TORCH_AUTOGRAD_KEY, m) {
+  w4a8moe_torch::util::not_differentiable(m, {"moe_routed"});
 }

@@ -1,12 +1,16 @@
-// What the two sources of torch ops (torch_ops.cpp, torch_ep_ops.cpp) share to turn tensors into
-// library views and library errors into torch errors, with the same rules and sentences.
+// What the sources of torch ops (torch_*_ops.cpp) share to turn tensors into library views and
+// library errors into torch errors, with the same rules and sentences, and to say that an op has
+// no derivative.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/util/Optional.h>
+#include <torch/library.h>
+#include <torch/version.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <span>
 #include <string>
 #include <utility>
@@ -141,6 +145,22 @@ inline w4a8moe::MoeParams moe_params(bool apply_router_weight_on_input, int64_t 
   p.limit = static_cast<float>(limit);
   p.apply_router_weight_on_input = apply_router_weight_on_input;
   return p;
+}
+
+// The ops have no derivative. Torch 1.13 has no fallthrough for AutogradMeta (it has one for
+// AutogradCPU), so meta and fake tensors would stop there without one. Torch 2 warns (and will
+// fail) when an op without an autograd kernel sees inputs that require grad, e.g. router weights
+// of a module being traced: a fallthrough on the Autograd alias key is how an op says it is not
+// differentiable (its outputs then do not require grad). Each source of ops registers its ops'
+// fallthrough with not_differentiable() in TORCH_LIBRARY_IMPL(w4a8moe, W4A8MOE_TORCH_AUTOGRAD_KEY).
+#if TORCH_VERSION_MAJOR < 2
+#define W4A8MOE_TORCH_AUTOGRAD_KEY AutogradMeta
+#else
+#define W4A8MOE_TORCH_AUTOGRAD_KEY Autograd
+#endif
+
+inline void not_differentiable(torch::Library& m, std::initializer_list<const char*> ops) {
+  for (const char* name : ops) m.impl(name, torch::CppFunction::makeFallthrough());
 }
 
 }  // namespace w4a8moe_torch::util
