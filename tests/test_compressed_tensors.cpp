@@ -129,57 +129,63 @@ TEST(CompressedTensors, DenseF16AndF32AreQuantizedOnLoad) {
   }
 }
 
-TEST(CompressedTensors, EveryFormatAndStrategyReadsBackExactly) {
+// A one-layer checkpoint (H 128, I 96) of each quantized scheme (pack-quantized, int-quantized)
+// and strategy (group, channel), symmetric or not, written to a fresh folder:
+// check(strategy, model, checkpoint folder).
+template <class Check>
+void for_each_scheme_and_strategy(bool asymmetric, const Check& check) {
   for (const char* scheme : {"packed", "int"})
     for (const char* strategy : {"group", "channel"}) {
       SCOPED_TRACE(::testing::Message() << scheme << " " << strategy);
       TempDir dir;
-      CtSpec spec{.scheme = scheme, .strategy = strategy, .H = 128, .I = 96, .layers = 1};
+      const CtSpec spec{.scheme = scheme,
+                        .strategy = strategy,
+                        .H = 128,
+                        .I = 96,
+                        .layers = 1,
+                        .asymmetric = asymmetric};
       CtModel c = make_ct(spec);
       c.writer.write(dir / "ckpt");
-      const auto source = io::open_layer(dir / "ckpt", 0, {});
-      EXPECT_EQ(source->info().group_size, std::string(strategy) == "group" ? 32 : -1);
-      const Loaded w = load_all(*source);
-      expect_as_written(w, c.layers[0]);
-      check_layer(dir / "ckpt", 0, RouteSpec{"softmax", true});
+      check(std::string(strategy), c, dir / "ckpt");
     }
+}
+
+TEST(CompressedTensors, EveryFormatAndStrategyReadsBackExactly) {
+  for_each_scheme_and_strategy(
+      false, [](const std::string& strategy, const CtModel& c, const std::string& ckpt) {
+        const auto source = io::open_layer(ckpt, 0, {});
+        EXPECT_EQ(source->info().group_size, strategy == "group" ? 32 : -1);
+        const Loaded w = load_all(*source);
+        expect_as_written(w, c.layers[0]);
+        check_layer(ckpt, 0, RouteSpec{"softmax", true});
+      });
 }
 
 TEST(CompressedTensors, ZeroPointsReadBackExactlyAndRun) {
   // symmetric: false: weight_zero_point packed along the rows (pack-quantized) or int8
   // (int-quantized), element (q - z) * scale taken as int4 with zero points, zero points -8 and 7
   // among them
-  for (const char* scheme : {"packed", "int"})
-    for (const char* strategy : {"group", "channel"}) {
-      SCOPED_TRACE(::testing::Message() << scheme << " " << strategy);
-      TempDir dir;
-      CtSpec spec{.scheme = scheme,
-                  .strategy = strategy,
-                  .H = 128,
-                  .I = 96,
-                  .layers = 1,
-                  .asymmetric = true};
-      CtModel c = make_ct(spec);
-      c.writer.write(dir / "ckpt");
-      const auto source = open_exact(dir / "ckpt", 0);
-      const io::LayerInfo& info = source->info();
-      EXPECT_EQ(info.w13_format, WeightFormat::int4_zero_point);
-      EXPECT_EQ(info.w2_format, WeightFormat::int4_zero_point);
-      for (const io::Conversion& conv : source->conversions()) {
-        EXPECT_TRUE(conv.exact);
-        EXPECT_THAT(conv.source, HasSubstr(", zero points"));
-      }
-      const Loaded w = load_all(*source);
-      const Moe& m = c.layers[0];
-      EXPECT_EQ(w.w13_z, m.w13_z);
-      EXPECT_EQ(w.w2_z, m.w2_z);
-      Moe less = m;  // the loaded values are value - z
-      for (auto [v, z] : {std::pair{&less.w13, &m.w13_z}, std::pair{&less.w2, &m.w2_z}})
-        for (size_t i = 0; i < v->size(); ++i)
-          (*v)[i] = static_cast<int8_t>((*v)[i] - (*z)[i / (v->size() / z->size())]);
-      expect_as_written(w, less);
-      check_layer(dir / "ckpt", 0, RouteSpec{"softmax", true});
-    }
+  for_each_scheme_and_strategy(
+      true, [](const std::string&, const CtModel& c, const std::string& ckpt) {
+        const auto source = open_exact(ckpt, 0);
+        const io::LayerInfo& info = source->info();
+        EXPECT_EQ(info.w13_format, WeightFormat::int4_zero_point);
+        EXPECT_EQ(info.w2_format, WeightFormat::int4_zero_point);
+        for (const io::Conversion& conv : source->conversions()) {
+          EXPECT_TRUE(conv.exact);
+          EXPECT_THAT(conv.source, HasSubstr(", zero points"));
+        }
+        const Loaded w = load_all(*source);
+        const Moe& m = c.layers[0];
+        EXPECT_EQ(w.w13_z, m.w13_z);
+        EXPECT_EQ(w.w2_z, m.w2_z);
+        Moe less = m;  // the loaded values are value - z
+        for (auto [v, z] : {std::pair{&less.w13, &m.w13_z}, std::pair{&less.w2, &m.w2_z}})
+          for (size_t i = 0; i < v->size(); ++i)
+            (*v)[i] = static_cast<int8_t>((*v)[i] - (*z)[i / (v->size() / z->size())]);
+        expect_as_written(w, less);
+        check_layer(ckpt, 0, RouteSpec{"softmax", true});
+      });
 }
 
 TEST(CompressedTensors, GroupAsLongAsTheRowIsOneScalePerRow) {
