@@ -416,12 +416,20 @@ class CheckpointRefuses : public testing::Test {
       : c(moe_test::make_case(spec_of(true, 32, DType::f32, false))),
         w13(encode(logical(c, true), CheckpointFormat::gptq_v2)),
         w2(encode(logical(c, false), CheckpointFormat::gptq_v2)) {}
+  // pack_checkpoint_moe (group size 32 unless `o` sets one) throws an Error holding every
+  // fragment: of the fixture's tensors, or of `gate_up` and `down`.
   testing::AssertionResult refuses(std::initializer_list<std::string_view> fragments,
                                    CheckpointFormat f = CheckpointFormat::gptq_v2,
-                                   PackOptions o = {}) {
+                                   PackOptions o = {}) const {
+    return refuses(w13, w2, f, fragments, o);
+  }
+  static testing::AssertionResult refuses(const Encoded& gate_up, const Encoded& down,
+                                          CheckpointFormat f,
+                                          std::initializer_list<std::string_view> fragments,
+                                          PackOptions o = {}) {
     if (o.group_size == -1) o.group_size = 32;
-    return throws_error([&] { (void)w4a8moe::pack_checkpoint_moe(f, w13.views, w2.views, o); },
-                        fragments);
+    return throws_error(
+        [&] { (void)w4a8moe::pack_checkpoint_moe(f, gate_up.views, down.views, o); }, fragments);
   }
   Case c;
   Encoded w13, w2;
@@ -460,13 +468,8 @@ TEST_F(CheckpointRefuses, GroupIndicesThatAreNotGroups) {
   Encoded awq13 = encode(logical(c, true), CheckpointFormat::awq);
   const Encoded awq2 = encode(logical(c, false), CheckpointFormat::awq);
   awq13.views.g_idx = w13.views.g_idx;
-  EXPECT_TRUE(throws_error(
-      [&] {
-        PackOptions o;
-        o.group_size = 32;
-        (void)w4a8moe::pack_checkpoint_moe(CheckpointFormat::awq, awq13.views, awq2.views, o);
-      },
-      {"w13.g_idx of each expert: AWQ has no act-order, got a g_idx"}));
+  EXPECT_TRUE(refuses(awq13, awq2, CheckpointFormat::awq,
+                      {"w13.g_idx of each expert: AWQ has no act-order, got a g_idx"}));
 }
 
 TEST_F(CheckpointRefuses, ZerosACheckpointCannotHold) {
@@ -476,24 +479,14 @@ TEST_F(CheckpointRefuses, ZerosACheckpointCannotHold) {
   const Encoded v1_13 = encode(logical(v1, true), CheckpointFormat::gptq);
   Encoded v1_2 = encode(logical(v1, false), CheckpointFormat::gptq);
   v1_2.zero_words[3] |= 0xfu;  // output 24 of group 0 stored 15: zero 16
-  EXPECT_TRUE(throws_error(
-      [&] {
-        PackOptions o;
-        o.group_size = 32;
-        (void)w4a8moe::pack_checkpoint_moe(CheckpointFormat::gptq, v1_13.views, v1_2.views, o);
-      },
+  EXPECT_TRUE(refuses(
+      v1_13, v1_2, CheckpointFormat::gptq,
       {"w2.zero_point of each expert stores 15 at [0, 0, 24]: zero 16 in a \"gptq\" checkpoint"}));
   const Encoded ct13 = encode(logical(c, true), CheckpointFormat::compressed_tensors, true);
   Encoded ct2 = encode(logical(c, false), CheckpointFormat::compressed_tensors, true);
   ct2.zero_bytes[7] = 9;
-  EXPECT_TRUE(throws_error(
-      [&] {
-        PackOptions o;
-        o.group_size = 32;
-        (void)w4a8moe::pack_checkpoint_moe(CheckpointFormat::compressed_tensors, ct13.views,
-                                           ct2.views, o);
-      },
-      {"w2.zero_point of each expert holds 9 at [0, 3, 1], outside int4 [-8, 7]"}));
+  EXPECT_TRUE(refuses(ct13, ct2, CheckpointFormat::compressed_tensors,
+                      {"w2.zero_point of each expert holds 9 at [0, 3, 1], outside int4 [-8, 7]"}));
 }
 
 TEST_F(CheckpointRefuses, OptionsTheFormatDecides) {
