@@ -487,7 +487,12 @@ class ComparisonRejects : public testing::Test {
     spec_ = base(16);
     spec_.bias = true;
     spec_.seed = 4242;
-    case_ = moe_test::make_case(spec_);
+    ASSERT_NO_FATAL_FAILURE(run(spec_));
+  }
+
+  // Runs the case of `spec` into case_ and got_, which must pass the comparison.
+  void run(const CaseSpec& spec) {
+    case_ = moe_test::make_case(spec);
     got_ = moe_test::run_forward(case_, moe_test::pack(case_), shared_context()).to_float();
     ASSERT_TRUE(moe_test::matches_exact(case_, got_, moe_ref::exact_forward(case_.problem)));
   }
@@ -525,16 +530,11 @@ TEST_F(ComparisonRejects, WrongActivation) {
   // The limit and alpha matter too.
   CaseSpec oai = spec_;
   oai.activation = Activation::swigluoai;
-  const Case c = moe_test::make_case(oai);
-  const std::vector<float> got =
-      moe_test::run_forward(c, moe_test::pack(c), shared_context()).to_float();
-  ASSERT_TRUE(moe_test::matches_exact(c, got, moe_ref::exact_forward(c.problem)));
-  moe_ref::Problem p = c.problem;
-  p.alpha = 1.5f;
-  EXPECT_FALSE(moe_test::matches_exact(c, got, moe_ref::exact_forward(p)));
-  p = c.problem;
-  p.limit = 1.0f;
-  EXPECT_FALSE(moe_test::matches_exact(c, got, moe_ref::exact_forward(p)));
+  ASSERT_NO_FATAL_FAILURE(run(oai));
+  EXPECT_FALSE(
+      moe_test::matches_exact(case_, got_, changed([](moe_ref::Problem& p) { p.alpha = 1.5f; })));
+  EXPECT_FALSE(
+      moe_test::matches_exact(case_, got_, changed([](moe_ref::Problem& p) { p.limit = 1.0f; })));
 }
 
 TEST_F(ComparisonRejects, GeluTanhForExactGelu) {
@@ -542,13 +542,10 @@ TEST_F(ComparisonRejects, GeluTanhForExactGelu) {
   // apart.
   CaseSpec gelu = spec_;
   gelu.activation = Activation::gelu;
-  const Case c = moe_test::make_case(gelu);
-  const std::vector<float> got =
-      moe_test::run_forward(c, moe_test::pack(c), shared_context()).to_float();
-  ASSERT_TRUE(moe_test::matches_exact(c, got, moe_ref::exact_forward(c.problem)));
-  moe_ref::Problem p = c.problem;
-  p.activation = static_cast<int>(moe_ref::Act::gelu_tanh);
-  EXPECT_FALSE(moe_test::matches_exact(c, got, moe_ref::exact_forward(p)));
+  ASSERT_NO_FATAL_FAILURE(run(gelu));
+  EXPECT_FALSE(moe_test::matches_exact(case_, got_, changed([](moe_ref::Problem& p) {
+                                         p.activation = static_cast<int>(moe_ref::Act::gelu_tanh);
+                                       })));
 }
 
 TEST_F(ComparisonRejects, SwappedGateAndUp) {
@@ -578,18 +575,15 @@ TEST_F(ComparisonRejects, InputOrderIgnoredOrOneSwap) {
   CaseSpec s = spec_;
   s.input_order = true;
   s.group_size = 32;
-  const Case c = moe_test::make_case(s);
-  const std::vector<float> got =
-      moe_test::run_forward(c, moe_test::pack(c), shared_context()).to_float();
-  ASSERT_TRUE(moe_test::matches_exact(c, got, moe_ref::exact_forward(c.problem)));
-  moe_ref::Problem ignored = c.problem;
-  ignored.w13_input_order.clear();
-  EXPECT_FALSE(moe_test::matches_exact(c, got, moe_ref::exact_forward(ignored)));
-  moe_ref::Problem swapped = c.problem;
-  const int64_t e = swapped.ids[0];
-  std::swap(swapped.w13_input_order[static_cast<size_t>(e * s.hidden)],
-            swapped.w13_input_order[static_cast<size_t>(e * s.hidden + 1)]);
-  EXPECT_FALSE(moe_test::matches_exact(c, got, moe_ref::exact_forward(swapped)));
+  ASSERT_NO_FATAL_FAILURE(run(s));
+  EXPECT_FALSE(moe_test::matches_exact(
+      case_, got_, changed([](moe_ref::Problem& p) { p.w13_input_order.clear(); })));
+  EXPECT_FALSE(
+      moe_test::matches_exact(case_, got_, changed([&](moe_ref::Problem& p) {
+                                const int64_t e = p.ids[0];
+                                std::swap(p.w13_input_order[static_cast<size_t>(e * s.hidden)],
+                                          p.w13_input_order[static_cast<size_t>(e * s.hidden + 1)]);
+                              })));
 }
 
 TEST_F(ComparisonRejects, OneScaleOff) {
