@@ -105,6 +105,14 @@ class Cursor {
     need(n, what);
     pos_ += n;
   }
+  // A scalar of number type t (kTypes' reader), as a double.
+  double number(GgufType t, const std::string& what) {
+    const TypeInfo& info = *type_info(t);
+    need(info.bytes, what);
+    const double v = info.number(bytes_.data() + pos_);
+    pos_ += info.bytes;
+    return v;
+  }
 
  private:
   const std::string& path_;
@@ -153,22 +161,12 @@ GgufValue read_value(Cursor& c, const std::string& path, GgufType t, const std::
   v.type = t;
   switch (t) {
     case GgufType::u8:
-      v.integer = c.read<uint8_t>(what);
-      break;
     case GgufType::i8:
-      v.integer = c.read<int8_t>(what);
-      break;
     case GgufType::u16:
-      v.integer = c.read<uint16_t>(what);
-      break;
     case GgufType::i16:
-      v.integer = c.read<int16_t>(what);
-      break;
     case GgufType::u32:
-      v.integer = c.read<uint32_t>(what);
-      break;
-    case GgufType::i32:
-      v.integer = c.read<int32_t>(what);
+    case GgufType::i32:  // a double holds every 32-bit integer exactly
+      v.integer = static_cast<int64_t>(c.number(t, what));
       break;
     case GgufType::u64: {
       const uint64_t u = c.read<uint64_t>(what);
@@ -180,10 +178,8 @@ GgufValue read_value(Cursor& c, const std::string& path, GgufType t, const std::
       v.integer = c.read<int64_t>(what);
       break;
     case GgufType::f32:
-      v.real = static_cast<double>(c.read<float>(what));
-      break;
     case GgufType::f64:
-      v.real = c.read<double>(what);
+      v.real = c.number(t, what);
       break;
     case GgufType::boolean:
       v.integer = c.read<uint8_t>(what) != 0 ? 1 : 0;
