@@ -10,9 +10,8 @@ namespace w4a8moe::io {
 using detail::cat;
 
 MappedSafetensors MappedSafetensors::open(const std::string& path) {
-  MappedSafetensors out;
+  MappedSafetensors out(path);
   out.file_ = MappedFile::open(path, "safetensors file");
-  out.tensors_ = TensorIndex<Tensor>(path);
   const uint64_t file_bytes = out.file_.size();
   check_safetensors_size(path, file_bytes);
   const uint8_t* base = out.file_.data();
@@ -25,21 +24,17 @@ MappedSafetensors MappedSafetensors::open(const std::string& path) {
   SafetensorsHeader parsed = parse_safetensors_header(path, file_bytes, read_exact);
   out.metadata_ = std::move(parsed.metadata);
   for (HeaderEntry& e : parsed.entries)
-    out.tensors_.add(std::move(e.name), Tensor{std::move(e.entry), parsed.data_begin + e.begin});
+    out.add(std::move(e.name), MappedTensor{std::move(e.entry), parsed.data_begin + e.begin});
   return out;
 }
 
-const TensorEntry& MappedSafetensors::entry(std::string_view name) const {
-  return tensors_.find(name).entry;
-}
-
 std::span<const uint8_t> MappedSafetensors::bytes(std::string_view name) const {
-  const Tensor& t = tensors_.find(name);
+  const MappedTensor& t = find(name);
   return file_.range(t.offset, t.entry.size_bytes);
 }
 
 void MappedSafetensors::release(std::string_view name) const {
-  const Tensor& t = tensors_.find(name);
+  const MappedTensor& t = find(name);
   file_.release(t.offset, t.entry.size_bytes);
 }
 

@@ -10,36 +10,33 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include "io/mapped_file.hpp"
 #include "io/safetensors_format.hpp"
 
 namespace w4a8moe::io {
 
-class MappedSafetensors {
+// A tensor of a mapped file: its entry and the file offset of its bytes.
+struct MappedTensor {
+  TensorEntry entry;
+  uint64_t offset = 0;
+};
+
+// path(), contains(), names(), entry() and metadata(): TensorIndex.
+class MappedSafetensors : public TensorIndex<MappedTensor> {
  public:
+  MappedSafetensors() = default;  // no file, no tensors
   // Maps and checks the file; throws Error naming the file and the first problem.
   static MappedSafetensors open(const std::string& path);
 
-  const std::string& path() const noexcept { return file_.path(); }
-  bool contains(std::string_view name) const { return tensors_.contains(name); }
-  std::vector<std::string> names() const { return tensors_.names(); }  // sorted
   // Throw Error if the file has no tensor of that name.
-  const TensorEntry& entry(std::string_view name) const;
   std::span<const uint8_t> bytes(std::string_view name) const;
   void release(std::string_view name) const;
-  const Metadata& metadata() const noexcept { return metadata_; }
 
  private:
-  struct Tensor {
-    TensorEntry entry;
-    uint64_t offset = 0;  // in the file
-  };
+  explicit MappedSafetensors(const std::string& path) : TensorIndex(path) {}
 
   MappedFile file_;
-  TensorIndex<Tensor> tensors_;
-  Metadata metadata_;
 };
 
 }  // namespace w4a8moe::io

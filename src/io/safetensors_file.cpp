@@ -28,7 +28,7 @@ uint8_t* aligned_alloc_bytes(size_t bytes) {
 
 }  // namespace
 
-void SafetensorsFile::AlignedFree::operator()(uint8_t* p) const noexcept {
+void AlignedBufferFree::operator()(uint8_t* p) const noexcept {
   ::operator delete (p, std::align_val_t{kBufferAlign});
 }
 
@@ -52,34 +52,29 @@ SafetensorsFile SafetensorsFile::read(const std::string& path) {
   };
 
   SafetensorsHeader parsed = parse_safetensors_header(path, file_bytes, read_exact);
-  SafetensorsFile file;
-  file.tensors_ = TensorIndex<Tensor>(path);
+  SafetensorsFile file(path);
   file.metadata_ = std::move(parsed.metadata);
   std::vector<HeaderEntry>& entries = parsed.entries;
   const uint64_t data_begin = parsed.data_begin;
   for (HeaderEntry& e : entries) {
-    Tensor tensor;
+    CopiedTensor tensor;
     tensor.data.reset(aligned_alloc_bytes(e.entry.size_bytes));
     if (e.entry.size_bytes > 0)
       read_exact(tensor.data.get(), data_begin + e.begin, e.entry.size_bytes,
                  cat("the data of tensor '", short_text(e.name), "'").c_str());
     tensor.entry = std::move(e.entry);
-    file.tensors_.add(std::move(e.name), std::move(tensor));
+    file.add(std::move(e.name), std::move(tensor));
   }
   return file;
 }
 
-const TensorEntry& SafetensorsFile::entry(std::string_view name) const {
-  return tensors_.find(name).entry;
-}
-
 std::span<const uint8_t> SafetensorsFile::bytes(std::string_view name) const {
-  const Tensor& t = tensors_.find(name);
+  const CopiedTensor& t = find(name);
   return {t.data.get(), t.entry.size_bytes};
 }
 
 TensorView SafetensorsFile::view(std::string_view name) const {
-  const Tensor& t = tensors_.find(name);
+  const CopiedTensor& t = find(name);
   const size_t rank = t.entry.shape.size();
   if (rank < 1 || rank > 3)
     fail(path(), cat("tensor '", name, "' has rank ", rank, " (shape ", shape_string(t.entry.shape),

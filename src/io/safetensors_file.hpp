@@ -11,40 +11,37 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include "io/safetensors_format.hpp"
 #include "w4a8moe/w4a8moe.hpp"
 
 namespace w4a8moe::io {
 
-// A safetensors file read into memory and checked.
-class SafetensorsFile {
+// Frees a CopiedTensor's buffer (aligned operator new).
+struct AlignedBufferFree {
+  void operator()(uint8_t* p) const noexcept;
+};
+// A tensor read into memory: its entry and its own 64-byte aligned copy of the bytes.
+struct CopiedTensor {
+  TensorEntry entry;
+  std::unique_ptr<uint8_t, AlignedBufferFree> data;
+};
+
+// A safetensors file read into memory and checked. path(), contains(), names(), entry() and
+// metadata(): TensorIndex.
+class SafetensorsFile : public TensorIndex<CopiedTensor> {
  public:
+  SafetensorsFile() = default;  // no file, no tensors
   // Reads and checks the whole file; throws Error naming the file and the first problem.
   static SafetensorsFile read(const std::string& path);
 
-  const std::string& path() const noexcept { return tensors_.path(); }
-  bool contains(std::string_view name) const { return tensors_.contains(name); }
-  std::vector<std::string> names() const { return tensors_.names(); }  // sorted
-  // The entry / bytes / view of a tensor; throw Error if the file has no tensor of that name.
-  const TensorEntry& entry(std::string_view name) const;
+  // The bytes / view of a tensor; throw Error if the file has no tensor of that name.
   std::span<const uint8_t> bytes(std::string_view name) const;  // 64-byte aligned
   // A contiguous view; throws Error unless the rank is 1 to 3.
   TensorView view(std::string_view name) const;
-  const Metadata& metadata() const noexcept { return metadata_; }
 
  private:
-  struct AlignedFree {
-    void operator()(uint8_t* p) const noexcept;
-  };
-  struct Tensor {
-    TensorEntry entry;
-    std::unique_ptr<uint8_t, AlignedFree> data;
-  };
-
-  TensorIndex<Tensor> tensors_;
-  Metadata metadata_;
+  explicit SafetensorsFile(const std::string& path) : TensorIndex(path) {}
 };
 
 }  // namespace w4a8moe::io

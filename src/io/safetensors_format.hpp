@@ -70,15 +70,12 @@ using ReadExact = std::function<void(void* dst, uint64_t offset, uint64_t bytes,
 SafetensorsHeader parse_safetensors_header(const std::string& path, uint64_t file_bytes,
                                            const ReadExact& read_exact);
 
-// A file's tensors by name (Tensor has a TensorEntry `entry`): the lookups both readers share.
+// What both readers answer from the checked header (Tensor has a TensorEntry `entry`): the file's
+// path, its tensors by name and its metadata. The readers derive from it and add the bytes.
 template <class Tensor>
 class TensorIndex {
  public:
-  explicit TensorIndex(std::string path = {}) : path_(std::move(path)) {}
   const std::string& path() const noexcept { return path_; }
-  void add(std::string name, Tensor tensor) {
-    tensors_.emplace(std::move(name), std::move(tensor));
-  }
   bool contains(std::string_view name) const { return tensors_.find(name) != tensors_.end(); }
   std::vector<std::string> names() const {  // sorted
     std::vector<std::string> out;
@@ -87,12 +84,23 @@ class TensorIndex {
     return out;
   }
   // Throws Error if the file has no tensor of that name.
+  const TensorEntry& entry(std::string_view name) const { return find(name).entry; }
+  const Metadata& metadata() const noexcept { return metadata_; }
+
+ protected:
+  explicit TensorIndex(std::string path = {}) : path_(std::move(path)) {}
+  void add(std::string name, Tensor tensor) {
+    tensors_.emplace(std::move(name), std::move(tensor));
+  }
+  // Throws Error if the file has no tensor of that name.
   const Tensor& find(std::string_view name) const {
     const auto it = tensors_.find(name);
     if (it == tensors_.end())
       safetensors_fail(path_, "there is no tensor '" + std::string(name) + "'");
     return it->second;
   }
+
+  Metadata metadata_;
 
  private:
   std::string path_;
