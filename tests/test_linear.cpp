@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "linear_test_util.hpp"
 #include "reference/reference.hpp"
 #include "test_util.hpp"
 #include "w4a8moe/w4a8moe.hpp"
@@ -139,16 +140,9 @@ w4a8moe::PackedWeights pack_case(const LinearCase& c) {
 std::vector<float> run_linear(const LinearCase& c, const w4a8moe::PackedWeights& packed,
                               w4a8moe::Context& context) {
   const LinearSpec& s = c.spec;
-  const DType out_dtype = s.f32_out ? DType::f32 : s.dtype;
-  std::vector<uint8_t> out(static_cast<size_t>(s.tokens * s.rows) *
-                           w4a8moe::dtype_bytes(out_dtype));
-  w4a8moe::linear(context, w4a8moe::TensorView::of(c.x.bytes.data(), s.dtype, {s.tokens, s.cols}),
-                  packed.bytes(),
-                  w4a8moe::MutableTensorView::of(out.data(), out_dtype, {s.tokens, s.rows}));
-  std::vector<float> got(static_cast<size_t>(s.tokens * s.rows));
-  for (size_t i = 0; i < got.size(); ++i)
-    got[i] = moe_test::to_float(out.data(), out_dtype, static_cast<int64_t>(i));
-  return got;
+  return linear_test::run_linear(
+      context, w4a8moe::TensorView::of(c.x.bytes.data(), s.dtype, {s.tokens, s.cols}),
+      packed.bytes(), s.rows, s.f32_out ? DType::f32 : s.dtype);
 }
 
 std::vector<double> reference(const LinearCase& c) {
@@ -162,27 +156,9 @@ std::vector<double> reference(const LinearCase& c) {
 testing::AssertionResult matches(const LinearCase& c, const std::vector<float>& got,
                                  const std::vector<double>& ref) {
   const LinearSpec& s = c.spec;
-  const DType out_dtype = s.f32_out ? DType::f32 : s.dtype;
-  const double u = out_dtype == DType::bf16 ? 0x1p-8 : out_dtype == DType::f16 ? 0x1p-11 : 0.0;
-  const double rtol = 1e-6 * std::sqrt(static_cast<double>(s.cols));
-  double max_abs = 0.0;
-  for (const double r : ref) max_abs = std::max(max_abs, std::isfinite(r) ? std::fabs(r) : 0.0);
-  if (!(max_abs >= 0.1 && max_abs <= 100.0))
-    return testing::AssertionFailure() << "max |ref| " << max_abs << ": not of order one";
-  for (int64_t t = 0; t < s.tokens; ++t) {
-    double row_max = 0.0;
-    for (int64_t n = 0; n < s.rows; ++n)
-      row_max = std::max(row_max, std::fabs(ref[static_cast<size_t>(t * s.rows + n)]));
-    for (int64_t n = 0; n < s.rows; ++n) {
-      const size_t i = static_cast<size_t>(t * s.rows + n);
-      const double bound = rtol * row_max + u * std::fabs(ref[i]) + 0x1p-24;
-      if (!(std::fabs(static_cast<double>(got[i]) - ref[i]) <= bound))
-        return testing::AssertionFailure()
-               << "out[" << t << ", " << n << "] = " << got[i] << ", reference " << ref[i]
-               << " (bound " << bound << ")";
-    }
-  }
-  return testing::AssertionSuccess();
+  return linear_test::matches_reference(got, ref, s.tokens, s.rows, s.cols,
+                                        s.f32_out ? DType::f32 : s.dtype, 0.1,
+                                        [](int64_t, int64_t) { return 0.0; });
 }
 
 w4a8moe::Context& shared_context() {

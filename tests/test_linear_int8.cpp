@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "common/numeric.hpp"
+#include "linear_test_util.hpp"
 #include "pack/packed_format.hpp"
 #include "pack_test_util.hpp"
 #include "reference/reference.hpp"
@@ -139,15 +140,9 @@ w4a8moe::PackedWeights pack_int8(const Int8Case& c, int group_size = -1) {
 std::vector<float> run(const Int8Case& c, std::span<const uint8_t> packed,
                        w4a8moe::Context& context) {
   const Int8Spec& s = c.spec;
-  const DType out_dtype = s.f32_out ? DType::f32 : s.dtype;
-  std::vector<uint8_t> out(static_cast<size_t>(s.tokens * s.rows) *
-                           w4a8moe::dtype_bytes(out_dtype));
-  w4a8moe::linear(context, TensorView::of(c.x.bytes.data(), s.dtype, {s.tokens, s.cols}), packed,
-                  MutableTensorView::of(out.data(), out_dtype, {s.tokens, s.rows}));
-  std::vector<float> got(static_cast<size_t>(s.tokens * s.rows));
-  for (size_t i = 0; i < got.size(); ++i)
-    got[i] = moe_test::to_float(out.data(), out_dtype, static_cast<int64_t>(i));
-  return got;
+  return linear_test::run_linear(context,
+                                 TensorView::of(c.x.bytes.data(), s.dtype, {s.tokens, s.cols}),
+                                 packed, s.rows, s.f32_out ? DType::f32 : s.dtype);
 }
 
 // The int8 matmul in double: moe_ref::exact_linear over the int8 values, one scale per row.
@@ -161,13 +156,6 @@ std::vector<double> reference(const Int8Case& c, std::span<const int8_t> w) {
 testing::AssertionResult matches(const Int8Case& c, const std::vector<float>& got,
                                  const std::vector<double>& ref) {
   const Int8Spec& s = c.spec;
-  const DType out_dtype = s.f32_out ? DType::f32 : s.dtype;
-  const double u = out_dtype == DType::bf16 ? 0x1p-8 : out_dtype == DType::f16 ? 0x1p-11 : 0.0;
-  const double rtol = 1e-6 * std::sqrt(static_cast<double>(s.cols));
-  double max_abs = 0.0;
-  for (const double r : ref) max_abs = std::max(max_abs, std::fabs(r));
-  if (!(max_abs >= 0.3 && max_abs <= 100.0))
-    return testing::AssertionFailure() << "max |ref| " << max_abs << ": not of order one";
   std::vector<double> wabs(static_cast<size_t>(s.rows));  // s[n] * SUM_k (|w| + 30)
   for (int64_t n = 0; n < s.rows; ++n) {
     double sum = 0.0;
@@ -176,25 +164,18 @@ testing::AssertionResult matches(const Int8Case& c, const std::vector<float>& go
     wabs[static_cast<size_t>(n)] =
         std::fabs(static_cast<double>(c.scale.values[static_cast<size_t>(n)])) * sum;
   }
+  std::vector<double> zterm(static_cast<size_t>(s.tokens));  // 1e-6 * recip * |zp| of row t
   for (int64_t t = 0; t < s.tokens; ++t) {
     const moe_ref::QuantRow qr = moe_ref::quant_row(
         std::span<const float>(c.x.values)
             .subspan(static_cast<size_t>(t * s.cols), static_cast<size_t>(s.cols)));
-    const double zterm = 1e-6 * static_cast<double>(qr.recip) * std::abs(qr.zp);
-    double row_max = 0.0;
-    for (int64_t n = 0; n < s.rows; ++n)
-      row_max = std::max(row_max, std::fabs(ref[static_cast<size_t>(t * s.rows + n)]));
-    for (int64_t n = 0; n < s.rows; ++n) {
-      const size_t i = static_cast<size_t>(t * s.rows + n);
-      const double bound =
-          rtol * row_max + u * std::fabs(ref[i]) + zterm * wabs[static_cast<size_t>(n)] + 0x1p-24;
-      if (!(std::fabs(static_cast<double>(got[i]) - ref[i]) <= bound))
-        return testing::AssertionFailure()
-               << "out[" << t << ", " << n << "] = " << got[i] << ", reference " << ref[i]
-               << " (bound " << bound << ", row zero point " << qr.zp << ")";
-    }
+    zterm[static_cast<size_t>(t)] = 1e-6 * static_cast<double>(qr.recip) * std::abs(qr.zp);
   }
-  return testing::AssertionSuccess();
+  return linear_test::matches_reference(
+      got, ref, s.tokens, s.rows, s.cols, s.f32_out ? DType::f32 : s.dtype, 0.3,
+      [&](int64_t t, int64_t n) {
+        return zterm[static_cast<size_t>(t)] * wabs[static_cast<size_t>(n)];
+      });
 }
 
 w4a8moe::Context& shared_context() {
