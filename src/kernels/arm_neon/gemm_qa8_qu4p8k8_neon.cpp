@@ -11,7 +11,6 @@
 #include "cpu/compiled_isa.hpp"
 #include "kernels/arm_neon/neon_common.hpp"
 #include "kernels/arm_neon/neon_kernels.hpp"
-#include "kernels/common/gemm_rows.hpp"
 #include "kernels/common/load_unaligned.hpp"
 
 static_assert(w4a8moe::detail::compiled_for("neon"),
@@ -30,74 +29,55 @@ inline int32x4_t row_sums(int16x8_t rows01, int16x8_t rows23) {
   return vpaddq_s32(vpaddlq_s16(rows01), vpaddlq_s16(rows23));
 }
 
-// M activation rows x NP panels of 8 output rows from padded row n0; kFormat: the weights'.
-template <int M, int NP, WeightFormat kFormat>
-void tile(const GemmArgs& args, int64_t n0) {
-  const Geometry& g = *args.geometry;
-  const auto panel_bytes = static_cast<int64_t>(g.panel_bytes);  // panel p's record at w + p * it
-  const int64_t first_panel = n0 / kPanel;
-  const uint8_t* w = g.panel_at(args.expert, first_panel);
-  const uint8x16_t low4 = vdupq_n_u8(0x0f);
-
-  const int8_t* q[M];
-  for (int m = 0; m < M; ++m) q[m] = static_cast<const int8_t*>(args.a[m].data);
-  float32x4_t facc[M][NP][2];
-  int32x4_t sum[M][NP][2];  // rows 0-3 and 4-7 of each panel
-  zero_sums<M, NP>(sum, facc);
-
-  for (int64_t b = 0; b < g.groups; ++b) {
-    start_group<M, NP>(args, b, sum);
-    ZeroAdjust adjust[NP];
-    for (int p = 0; p < NP; ++p)
-      adjust[p] = zero_adjust<kFormat>(g, args.expert, first_panel + p, b, kRowsP8k8);
-    for (int64_t k0 = b * g.group_len; k0 < (b + 1) * g.group_len; k0 += 32) {
-      int16x8_t acc[M][NP][4];  // rows 0-1, 2-3, 4-5, 6-7
-      for (int m = 0; m < M; ++m)
-        for (int p = 0; p < NP; ++p)
-          for (int i = 0; i < 4; ++i) acc[m][p][i] = vdupq_n_s16(0);
-      for (int c = 0; c < 4; ++c) {
-        const int64_t k = k0 + 8 * c;
-        int8x16_t lo0[NP], hi0[NP], lo1[NP], hi1[NP];
+// Columns k0..k0 + 31 of a tile (tile_p8k8): per 8 columns two products per int16 lane, then the
+// lanes widened into the int32 sums.
+struct Step {
+  template <WeightFormat kFormat, int M, int NP>
+  __attribute__((always_inline)) void operator()(const uint8_t* w, int64_t panel_bytes,
+                                                 const int8_t* const (&q)[M], int64_t k0,
+                                                 const ZeroAdjust (&adjust)[NP],
+                                                 int32x4_t (&sum)[M][NP][2]) const {
+    const uint8x16_t low4 = vdupq_n_u8(0x0f);
+    int16x8_t acc[M][NP][4];  // rows 0-1, 2-3, 4-5, 6-7
+    for (int m = 0; m < M; ++m)
+      for (int p = 0; p < NP; ++p)
+        for (int i = 0; i < 4; ++i) acc[m][p][i] = vdupq_n_s16(0);
+    for (int c = 0; c < 4; ++c) {
+      const int64_t k = k0 + 8 * c;
+      int8x16_t lo0[NP], hi0[NP], lo1[NP], hi1[NP];
+      for (int p = 0; p < NP; ++p) {
+        const uint8_t* wc = w + p * panel_bytes + k * 4;
+        const uint8x16_t r0 = vld1q_u8(wc), r1 = vld1q_u8(wc + 16);
+        lo0[p] = weights_of<kFormat>(vandq_u8(r0, low4), adjust[p].reg[0]);
+        hi0[p] = weights_of<kFormat>(vshrq_n_u8(r0, 4), adjust[p].reg[0]);
+        lo1[p] = weights_of<kFormat>(vandq_u8(r1, low4), adjust[p].reg[1]);
+        hi1[p] = weights_of<kFormat>(vshrq_n_u8(r1, 4), adjust[p].reg[1]);
+      }
+      for (int m = 0; m < M; ++m) {
+        const int8x16_t al = broadcast4(q[m] + k), ah = broadcast4(q[m] + k + 4);
+        const int8x8_t al8 = vget_low_s8(al), ah8 = vget_low_s8(ah);
         for (int p = 0; p < NP; ++p) {
-          const uint8_t* wc = w + p * panel_bytes + k * 4;
-          const uint8x16_t r0 = vld1q_u8(wc), r1 = vld1q_u8(wc + 16);
-          lo0[p] = weights_of<kFormat>(vandq_u8(r0, low4), adjust[p].reg[0]);
-          hi0[p] = weights_of<kFormat>(vshrq_n_u8(r0, 4), adjust[p].reg[0]);
-          lo1[p] = weights_of<kFormat>(vandq_u8(r1, low4), adjust[p].reg[1]);
-          hi1[p] = weights_of<kFormat>(vshrq_n_u8(r1, 4), adjust[p].reg[1]);
-        }
-        for (int m = 0; m < M; ++m) {
-          const int8x16_t al = broadcast4(q[m] + k), ah = broadcast4(q[m] + k + 4);
-          const int8x8_t al8 = vget_low_s8(al), ah8 = vget_low_s8(ah);
-          for (int p = 0; p < NP; ++p) {
-            int16x8_t* a = acc[m][p];
-            a[0] = vmlal_s8(vmlal_s8(a[0], vget_low_s8(lo0[p]), al8), vget_low_s8(hi0[p]), ah8);
-            a[1] = vmlal_high_s8(vmlal_high_s8(a[1], lo0[p], al), hi0[p], ah);
-            a[2] = vmlal_s8(vmlal_s8(a[2], vget_low_s8(lo1[p]), al8), vget_low_s8(hi1[p]), ah8);
-            a[3] = vmlal_high_s8(vmlal_high_s8(a[3], lo1[p], al), hi1[p], ah);
-          }
+          int16x8_t* a = acc[m][p];
+          a[0] = vmlal_s8(vmlal_s8(a[0], vget_low_s8(lo0[p]), al8), vget_low_s8(hi0[p]), ah8);
+          a[1] = vmlal_high_s8(vmlal_high_s8(a[1], lo0[p], al), hi0[p], ah);
+          a[2] = vmlal_s8(vmlal_s8(a[2], vget_low_s8(lo1[p]), al8), vget_low_s8(hi1[p]), ah8);
+          a[3] = vmlal_high_s8(vmlal_high_s8(a[3], lo1[p], al), hi1[p], ah);
         }
       }
-      for (int m = 0; m < M; ++m)
-        for (int p = 0; p < NP; ++p) {
-          sum[m][p][0] = vaddq_s32(sum[m][p][0], row_sums(acc[m][p][0], acc[m][p][1]));
-          sum[m][p][1] = vaddq_s32(sum[m][p][1], row_sums(acc[m][p][2], acc[m][p][3]));
-        }
     }
-    scale_group<M, NP>(g, args.expert, first_panel, b, sum, facc);
+    for (int m = 0; m < M; ++m)
+      for (int p = 0; p < NP; ++p) {
+        sum[m][p][0] = vaddq_s32(sum[m][p][0], row_sums(acc[m][p][0], acc[m][p][1]));
+        sum[m][p][1] = vaddq_s32(sum[m][p][1], row_sums(acc[m][p][2], acc[m][p][3]));
+      }
   }
-
-  store_tile<M, NP>(args, n0, sum, facc);
-}
+};
 
 }  // namespace
 
 void gemm_qa8_qu4p8k8(const GemmArgs& args) {
   // 1 row: two panels per tile (more independent chains); more rows: one.
-  gemm_panel_tiles<kTileM, kPanel, 2, 1>(
-      args, []<int M, int NP, WeightFormat kFormat>(const GemmArgs& a, int64_t n0) {
-        tile<M, NP, kFormat>(a, n0);
-      });
+  gemm_p8k8<kTileM, 2, 1, 32, Step>(args);
 }
 
 }  // namespace w4a8moe::detail::neon

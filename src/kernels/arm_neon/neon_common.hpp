@@ -1,5 +1,5 @@
-// Helpers of the Arm GEMM kernels: scale loading and the float epilogue (docs/operator.md,
-// "Weights and the dot product").
+// Helpers of the Arm GEMM kernels: scale loading, the float epilogue (docs/operator.md,
+// "Weights and the dot product") and the frame of the qu4_p8k8 tiles around their products.
 // Internal linkage (anonymous namespace): each Arm translation unit gets its own copy compiled
 // with its own flags. The including file includes <arm_neon.h> first.
 //
@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/gemm_rows.hpp"
 #include "kernels/kernel.hpp"
 #include "w4a8moe/w4a8moe.hpp"
 
@@ -176,6 +177,47 @@ inline void store_tile(const GemmArgs& args, int64_t n0, const int32x4_t (&sum)[
                                      vdupq_n_f32(args.a[m].recip), zsum, bias));
       }
     }
+}
+
+// A tile of M activation rows x NP panels of kPanel output rows on layout qu4_p8k8 from padded
+// row n0, around its products: per scale group the sums start at the rows' group terms,
+// Step{}.template operator()<kFormat>(w, panel_bytes, q, k, adjust, sum) adds those of columns
+// k..k + kStep - 1 (panel p's record at w + p * panel_bytes, activation row m at q[m], adjust:
+// each panel's ZeroAdjust), then the group is scaled; the epilogue follows the last group. The
+// step's operator() is always_inline, so that the loop holds its code and no call.
+template <int M, int NP, WeightFormat kFormat, int kStep, class Step>
+void tile_p8k8(const GemmArgs& args, int64_t n0) {
+  const Geometry& g = *args.geometry;
+  const int64_t first_panel = n0 / kPanel;
+  const uint8_t* w = g.panel_at(args.expert, first_panel);
+  const auto panel_bytes = static_cast<int64_t>(g.panel_bytes);
+  const int8_t* q[M];
+  for (int m = 0; m < M; ++m) q[m] = static_cast<const int8_t*>(args.a[m].data);
+  float32x4_t facc[M][NP][2];
+  int32x4_t sum[M][NP][2];  // rows 0-3 and 4-7 of each panel
+  zero_sums<M, NP>(sum, facc);
+
+  for (int64_t b = 0; b < g.groups; ++b) {
+    start_group<M, NP>(args, b, sum);
+    ZeroAdjust adjust[NP];
+    for (int p = 0; p < NP; ++p)
+      adjust[p] = zero_adjust<kFormat>(g, args.expert, first_panel + p, b, kRowsP8k8);
+    for (int64_t k = b * g.group_len; k < (b + 1) * g.group_len; k += kStep)
+      Step{}.template operator()<kFormat>(w, panel_bytes, q, k, adjust, sum);
+    scale_group<M, NP>(g, args.expert, first_panel, b, sum, facc);
+  }
+
+  store_tile<M, NP>(args, n0, sum, facc);
+}
+
+// The GEMM of a set on layout qu4_p8k8 whose tiles are tile_p8k8's around Step, for calls of
+// m = 1..kTileM rows: kPanelsOneRow panels per tile for one row, kPanels for more.
+template <int kTileM, int kPanelsOneRow, int kPanels, int kStep, class Step>
+inline void gemm_p8k8(const GemmArgs& args) {
+  gemm_panel_tiles<kTileM, kPanel, kPanelsOneRow, kPanels>(
+      args, []<int M, int NP, WeightFormat kFormat>(const GemmArgs& a, int64_t n0) {
+        tile_p8k8<M, NP, kFormat, kStep, Step>(a, n0);
+      });
 }
 
 }  // namespace
