@@ -12,11 +12,14 @@ rows are set against w4a8moe's channel-wise int4.
 
 On a shared host, --max-load L waits before each process (polling every 30 s, up to --max-wait
 minutes) until the 1-minute load average is below L and no --wait-while file exists; a process
-that started without that quiet is marked "contended" in the table.
+that started without that quiet is marked "contended" in the table, as is one during which other
+processes took over a quarter of the CPUs (the last column: the most of any run of the row, from
+/proc/stat less this run's own CPU time) or whose MAC probe said the host took a core away.
 """
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -56,8 +59,9 @@ def parse_args(argv):
                     help="with --max-load: also wait while FILE exists (repeatable)")
     ap.add_argument("--max-wait", type=float, default=40.0, help="minutes, per wait")
     ap.add_argument("--log", help="append every process's JSON result to this file")
+    ap.add_argument("--table-from", metavar="LOG", help="measure nothing: the table of a --log")
     a = ap.parse_args(argv)
-    if not os.access(a.w4a8moe, os.X_OK):
+    if not a.table_from and not os.access(a.w4a8moe, os.X_OK):
         ap.error(f"--w4a8moe: expected an executable w4a8moe program, got '{a.w4a8moe}'")
     if a.rounds < 1 or a.repeat < 1:
         ap.error(f"--rounds and --repeat: expected positive counts, got {a.rounds} and "
@@ -87,13 +91,31 @@ def wait_quiet(a):
         time.sleep(30)
 
 
+def busy_seconds():
+    """CPU seconds the whole machine has spent not idle (/proc/stat; steal counts as busy)."""
+    with open("/proc/stat") as f:
+        ticks = [int(v) for v in f.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def children_seconds():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def run_json(cmd, what):
-    """Runs cmd; returns the JSON objects of its stdout's lines. Raises Failure if it fails."""
+    """Runs cmd; returns the JSON objects of its stdout's lines, each with "others_cpu": the
+    share of the machine's CPUs that other processes (or the host: steal) took meanwhile. Raises
+    Failure if it fails."""
+    t0, busy0, mine0 = time.monotonic(), busy_seconds(), children_seconds()
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    others = busy_seconds() - busy0 - (children_seconds() - mine0)
+    share = max(others, 0.0) / ((time.monotonic() - t0) * os.cpu_count())
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().splitlines()[-10:])
         raise Failure(f"{what} failed (exit {proc.returncode}): {' '.join(cmd)}\n{tail}")
-    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return [dict(json.loads(line), others_cpu=share) for line in proc.stdout.splitlines()
+            if line.startswith("{")]
 
 
 def w4a8moe_runs(a, group, contended):
@@ -151,10 +173,25 @@ def measure_all(a):
     return results
 
 
+def contended(x):
+    """A run that started without the quiet asked for, that shared the CPUs with other work
+    (over a quarter of them), or whose MAC probe saw less than the threads' cores (w4a8moe's
+    "degraded" rule, docs/performance.md)."""
+    return x["contended"] or x["others_cpu"] > 0.25 or x.get("machine_degraded", False)
+
+
+def read_log(path):
+    try:
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError) as e:
+        raise Failure(f"--table-from: expected a --log file of JSON lines, got '{path}' ({e})")
+
+
 def cell(runs):
     """median of the rounds' medians, min of the mins, and whether a run was contended."""
     return (statistics.median(x["median_ms"] for x in runs), min(x["min_ms"] for x in runs),
-            any(x["contended"] for x in runs))
+            any(contended(x) for x in runs))
 
 
 def table(a, results):
@@ -162,7 +199,7 @@ def table(a, results):
         return [x for x in results if x["peer"] == peer and x["regime"] == regime
                 and x["group"] == group and x["tokens"] == T]
     rows = ["| zentorch regime | group | tokens | w4a8moe median / min ms | zentorch median / min ms"
-            " | zentorch / w4a8moe (per round) |", "|---|---|---|---|---|---|"]
+            " | zentorch / w4a8moe (per round) | others' CPU |", "|---|---|---|---|---|---|---|"]
     zentorch_rows = [("da8w4", g) for g in a.groups] + ([] if a.no_da8w8 else [("da8w8", -1)])
     for regime, group in zentorch_rows:
         for T in a.tokens:
@@ -172,10 +209,12 @@ def table(a, results):
             (m_med, m_min, m_c), (z_med, z_min, z_c) = cell(mine), cell(theirs)
             per_round = sorted(z["median_ms"] / m["median_ms"] for m, z in zip(mine, theirs))
             note = " (contended)" if m_c or z_c else ""
+            others = max(x["others_cpu"] for x in mine + theirs)
             name = "channel" if group == -1 else str(group)
             rows.append(f"| {regime} | {name} | {T} | {m_med:.3f} / {m_min:.3f} | {z_med:.3f} / "
                         f"{z_min:.3f} | **{z_med / m_med:.2f}** "
-                        f"({', '.join(f'{x:.2f}' for x in per_round)}){note} |")
+                        f"({', '.join(f'{x:.2f}' for x in per_round)}){note} | "
+                        f"up to {others:.0%} |")
     return "\n".join(rows)
 
 
@@ -196,7 +235,7 @@ def host_line(results):
 def main(argv):
     a = parse_args(argv)
     try:
-        results = measure_all(a)
+        results = read_log(a.table_from) if a.table_from else measure_all(a)
     except Failure as e:
         print(f"zentorch_vs_w4a8moe.py: {e}", file=sys.stderr)
         return 1
