@@ -453,15 +453,21 @@ def exact_scales(layer, names: Iterable[str]) -> None:
     """Makes the layer's scale parameters float32 and NaN before vLLM loads them: the loader
     copies the checkpoint's values in (bf16, f16 or f32: all exact in float32, so nothing is
     rounded to the model's dtype), and a scale the file lacks stays NaN, which
-    check_scales_loaded() reports instead of running with vLLM's placeholder."""
+    check_scales_loaded() reports instead of running with vLLM's placeholder. The layer's large
+    parameters get huge pages first (memory.huge_pages)."""
+    from . import memory
+
     for name in names:
         old = getattr(layer, name)
-        new = torch.nn.Parameter(torch.full(old.shape, float("nan"), dtype=torch.float32),
+        new = torch.nn.Parameter(torch.empty(old.shape, dtype=torch.float32),
                                  requires_grad=False)
         for key, value in vars(old).items():
             if not key.startswith("_"):
                 setattr(new, key, value)
         layer.register_parameter(name, new)
+    memory.huge_pages(layer)
+    for name in names:
+        getattr(layer, name).data.fill_(float("nan"))
 
 
 def check_scales_loaded(layer, names: Iterable[str]) -> None:

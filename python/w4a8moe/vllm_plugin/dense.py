@@ -15,7 +15,8 @@ points, float32 scales), each row of x quantized per row to int8.
 
 Wrapped: the create_weights of AutoGPTQLinearMethod, AutoAWQMarlinLinearMethod and
 CompressedTensorsWNA16, so that a layer w4a8moe takes loads its scales in float32 (exact) and
-NaN until loaded (a scale the file lacks is an error naming the layer, not a silent value).
+NaN until loaded (a scale the file lacks is an error naming the layer, not a silent value), and
+its int4 words get huge pages before they load (memory.py).
 """
 
 import os
@@ -171,6 +172,7 @@ def _kernel_is_ours(method, *args, **kwargs) -> bool:
 def _exact_scales(method, layer, *args, **kwargs) -> None:
     scale = getattr(layer, method.kernel.w_s_name)
     scale.data = torch.full(scale.shape, float("nan"), dtype=torch.float32)
+    memory.huge_pages(layer)  # the int4 words, before they load
 
 
 def _first_on_cpu(table) -> None:

@@ -47,20 +47,26 @@ _WNA16_INIT = ("the method's quantization scheme is read once for w4a8moe; compr
                "asserts that a non-Marlin backend is grouped, so a channel-wise layer is passed "
                "to it as one group of the whole row and its strategy put back")
 _WNA16_CREATE = ("a layer w4a8moe took gets its scales in float32 and NaN until loaded (exact "
-                 "bfloat16 / float16 scales, a missing one seen) and a loader of its zero points "
-                 "that records the experts it filled")
-_DENSE_CREATE = ("a dense int4 layer w4a8moe's linear kernel took loads its scales in float32 "
-                 "(GPTQ's float16 scales would be rounded to the model's dtype) and NaN until "
-                 "loaded (a scale the file lacks is an error naming the layer)")
+                 "bfloat16 / float16 scales, a missing one seen), a loader of its zero points "
+                 "that records the experts it filled, and huge pages for its large tensors "
+                 "before they load (memory.py)")
+_HUGE_PAGES = ("vLLM creates the layer's tensors untouched and copies the checkpoint into them "
+               "4 KiB page by page; 2 MiB pages, asked for first, spare most of the page faults "
+               "and TLB misses of that copy and of the packing that reads it (memory.py)")
+_DENSE_CREATE = ("a dense int4 layer w4a8moe's linear kernel took gets huge pages and loads its "
+                 "scales in float32 (GPTQ's float16 scales would be rounded to the model's "
+                 "dtype) and NaN until loaded (a scale the file lacks is an error naming the "
+                 "layer)")
 
 LEDGER: Tuple[Patch, ...] = (
     Patch(_W4A8, "select_w4a8_int8_moe_backend", "w4a8",
           "w4a8moe's selection, then vLLM's", _SELECT),
     Patch(_W4A8, "CompressedTensorsW4A8Int8MoEMethod.create_weights", "w4a8",
           "vLLM's, then for w4a8moe's layers scales filled with NaN and pack-quantized "
-          "weight_packed / weight_shape tensors registered",
+          "weight_packed / weight_shape tensors registered, and huge pages asked for",
           "vLLM starts scales at 1, so a scale missing from the file would run as 1; vLLM's "
-          "W4A8 method registers only int8 weights and cannot load pack-quantized files"),
+          "W4A8 method registers only int8 weights and cannot load pack-quantized files; "
+          + _HUGE_PAGES),
     Patch(_W4A8, "CompressedTensorsW4A8Int8MoEMethod.process_weights_after_loading", "w4a8",
           "w4a8moe's packing for its layers, vLLM's for the others", _PROCESS),
     *(p for module, cls in ((_CT_WNA16, "CompressedTensorsWNA16MoEMethod"),
@@ -81,6 +87,9 @@ LEDGER: Tuple[Patch, ...] = (
     Patch(_MXFP4, "mxfp4_round_up_hidden_size_and_intermediate_size", "mxfp4",
           "the sizes unchanged for w4a8moe's backend, vLLM's rounding for the others",
           "vLLM pads H and I to 256 for its own kernels; w4a8moe takes any multiple of 32"),
+    Patch(_MXFP4, "GptOssMxfp4MoEMethod.create_weights", "mxfp4",
+          "vLLM's, then huge pages asked for the parameters of w4a8moe's layers",
+          _HUGE_PAGES),
     Patch(_MXFP4, "GptOssMxfp4MoEMethod.process_weights_after_loading", "mxfp4",
           "w4a8moe's packing for its layers, vLLM's for the others", _PROCESS),
     Patch("vllm.model_executor.kernels.linear", "_POSSIBLE_KERNELS", "dense",

@@ -9,7 +9,7 @@ method cannot load) and process_weights_after_loading (pack, free, kernel)."""
 
 import torch
 
-from . import core, patches
+from . import core, memory, patches
 
 KIND = "W4A8 int4"
 
@@ -48,6 +48,7 @@ def _create_weights(method_module):
             getattr(layer, name).data.fill_(float("nan"))
         if _checkpoint_format(layer) == "pack-quantized":
             _create_packed_weights(layer, method_module, kwargs)
+        memory.huge_pages(layer)
 
     return create_weights
 
@@ -95,9 +96,13 @@ def _create_packed_weights(layer, method_module, weight_attrs) -> None:
                                ("w2_weight_shape", (E, 2), torch.float32)):
         if hasattr(layer, name):
             delattr(layer, name)
-        param = torch.nn.Parameter(torch.zeros(shape, dtype=dtype), requires_grad=False)
+        param = torch.nn.Parameter(torch.zeros(shape, dtype=dtype) if dtype == torch.float32
+                                   else torch.empty(shape, dtype=dtype), requires_grad=False)
         layer.register_parameter(name, param)
         method_module.set_weight_attrs(param, attrs)
+    memory.huge_pages(layer)  # before the words are first written
+    layer.w13_weight_packed.data.zero_()
+    layer.w2_weight_packed.data.zero_()
     layer.w4a8moe_packed_input = True
 
 
