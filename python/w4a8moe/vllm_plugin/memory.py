@@ -7,7 +7,8 @@ over the whole model (16.6 GB of Qwen3-30B-A3B GPTQ), and the packing reads them
 Linux's default transparent-huge-page mode ("madvise") gives 2 MiB pages to the ranges a
 process asks for; the plugin asks for its layers' large parameters before they are loaded
 (docs/vllm.md, "Load"). A hint only: where the kernel has no huge page free, or THP is off, the
-pages are 4 KiB as before.
+pages are 4 KiB as before; and a parameter vLLM creates zero-filled (gpt-oss's MXFP4 method
+does) has its pages already, so the hint cannot reach it.
 
 Freed memory:
 

@@ -6,10 +6,9 @@ quantized per token to int8.
 
 Wrapped in vLLM's quantization.mxfp4 module: select_mxfp4_moe_backend (w4a8moe first),
 mxfp4_round_up_hidden_size_and_intermediate_size (no padding: w4a8moe takes any multiple of
-32) and the method's create_weights (huge pages for the codes before they load) and
-process_weights_after_loading."""
+32) and the method's process_weights_after_loading."""
 
-from . import core, memory, patches
+from . import core, patches
 
 KIND = "MXFP4"
 COMPUTES = (", as W4A8: the checkpoint's e2m1 codes and e8m0 scales exactly, the activations "
@@ -44,14 +43,8 @@ def install() -> None:
                     lambda vllm: core.wrap(vllm, core.selected, _takes))
     patches.replace(module, "mxfp4_round_up_hidden_size_and_intermediate_size", __name__,
                     lambda vllm: core.wrap(vllm, _sizes_as_they_are, _is_our_backend))
-    patches.replace(module, "GptOssMxfp4MoEMethod.create_weights", __name__,
-                    lambda vllm: core.wrap(vllm, _huge_pages, core.is_ours, after=True))
     patches.replace(module, "GptOssMxfp4MoEMethod.process_weights_after_loading", __name__,
                     lambda vllm: core.wrap(vllm, _pack_layer, core.is_ours))
-
-
-def _huge_pages(method, layer, *args, **kwargs) -> None:
-    memory.huge_pages(layer)
 
 
 def _check_scales(layer) -> None:
