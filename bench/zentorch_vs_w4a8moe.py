@@ -53,6 +53,10 @@ def parse_args(argv):
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=10, help="timed calls per process and count")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--spin-us", type=int,
+                    help="w4a8moe bench --spin-us: how long its idle workers poll (default: the "
+                         "library's); zentorch's calls start right after the eviction read, which "
+                         "runs on the same OpenMP threads")
     ap.add_argument("--max-load", type=float, default=0.0,
                     help="wait for a 1-minute load average below this (0: no wait)")
     ap.add_argument("--wait-while", action="append", default=[], metavar="FILE",
@@ -124,6 +128,8 @@ def w4a8moe_runs(a, group, contended):
         cmd = [a.w4a8moe, "bench", "--preset", a.preset, "--tokens", str(T), "--group",
                str(group), "--dtype", "bf16", "--scales", "f32", "--threads", str(a.threads),
                "--repeat", str(a.repeat), "--json"]
+        if a.spin_us is not None:
+            cmd += ["--spin-us", str(a.spin_us)]
         r = run_json(cmd, "w4a8moe bench")[-1]
         results.append(dict(r, peer="w4a8moe", regime="w4a8", contended=contended))
     return results
@@ -239,8 +245,9 @@ def main(argv):
     except Failure as e:
         print(f"zentorch_vs_w4a8moe.py: {e}", file=sys.stderr)
         return 1
+    spin = "" if a.spin_us is None else f", w4a8moe --spin-us {a.spin_us}"
     print(f"{a.preset}, {a.threads} threads, bf16 x, f32 scales, cold weights, {a.rounds} "
-          f"rounds of {a.repeat} calls; {host_line(results)}\n")
+          f"rounds of {a.repeat} calls{spin}; {host_line(results)}\n")
     print(table(a, results))
     return 0
 
