@@ -32,16 +32,21 @@ _trim = None
 _madvise = None
 
 
+def _libc(name: str, argtypes, restype=ctypes.c_int):
+    """The C library's function `name`, or False where the C library has none."""
+    try:
+        function = getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
+    except (OSError, AttributeError):
+        return False
+    function.argtypes, function.restype = argtypes, restype
+    return function
+
+
 def _malloc_trim():
     """glibc's malloc_trim, or False where the C library has none."""
     global _trim
     if _trim is None:
-        try:
-            _trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-            _trim.argtypes = [ctypes.c_size_t]
-            _trim.restype = ctypes.c_int
-        except (OSError, AttributeError):
-            _trim = False
+        _trim = _libc("malloc_trim", [ctypes.c_size_t])
     return _trim
 
 
@@ -56,14 +61,8 @@ def _libc_madvise():
     """libc's madvise, or False where there is none (or no MADV_HUGEPAGE)."""
     global _madvise
     if _madvise is None:
-        _madvise = False
-        if getattr(mmap, "MADV_HUGEPAGE", None) is not None:
-            try:
-                _madvise = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").madvise
-                _madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-                _madvise.restype = ctypes.c_int
-            except (OSError, AttributeError):
-                _madvise = False
+        _madvise = getattr(mmap, "MADV_HUGEPAGE", None) is not None and _libc(
+            "madvise", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int])
     return _madvise
 
 

@@ -47,8 +47,9 @@ def _create_weights(method_module):
         for name in ("w13_weight_scale", "w2_weight_scale"):
             getattr(layer, name).data.fill_(float("nan"))
         if _checkpoint_format(layer) == "pack-quantized":
-            _create_packed_weights(layer, method_module, kwargs)
-        memory.huge_pages(layer)
+            _create_packed_weights(layer, method_module, kwargs)  # advises its own words
+        else:
+            memory.huge_pages(layer)
 
     return create_weights
 
